@@ -1,0 +1,219 @@
+// Fault injection: the `TPUSHIM_FAULTS` spec (CONTRACTS §7), the injector
+// that decides which call fails, an OS layer that fails those calls exactly
+// as the kernel would and tracks what stays mapped, locked, pinned or open,
+// and the counted-failure helper (seastar's with_allocation_failures).
+//
+// Spec grammar: `<point>:<rule>[;<point>:<rule>...]` where
+//   point = mmap | madvise | mlock | numa | alloc | dma | pin | log_open
+//   rule  = nth=<k> | every=<k> | rate=<p>,seed=<s>     (k >= 1, 0 <= p <= 1)
+//           optionally followed by `,code=<absl code name>`
+// e.g. `mmap:nth=1;dma:rate=0.01,seed=7,code=UNAVAILABLE`.
+//
+// Calls are counted per point from 1. `nth=k` fails call k only, `every=k`
+// fails calls k, 2k, 3k..., `rate=p,seed=s` fails each call independently
+// with probability p, decided by a hash of (seed, call number) so a run is
+// reproducible whatever the thread interleaving.
+//
+// Thread-safety: FaultInjector::Check and the FaultInjectingOs calls are
+// thread-safe and lock-free on the no-fault path; rules are fixed at
+// construction, except through Arm*/Reset, which must not race with Check.
+//
+//   TPUSHIM_ASSIGN_OR_RETURN(FaultSpec spec, ParseFaultSpec("mlock:nth=1"));
+//   FaultInjector faults(spec);
+//   FaultInjectingOs os(Os::Default(), &faults);
+//   ... start-up with &os fails at its first mlock, like a real EPERM/ENOMEM.
+//   EXPECT_EQ(os.mapped_bytes(), 0);
+
+#ifndef TPUSHIM_ENV_FAULT_INJECTION_H_
+#define TPUSHIM_ENV_FAULT_INJECTION_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/strings/string_view.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "env/os.h"
+
+namespace tpushim {
+
+enum class FaultPoint : int {
+  kMmap = 0,
+  kMadvise,
+  kMlock,
+  kNuma,
+  kAlloc,
+  kDma,
+  kPin,
+  kLogOpen,
+};
+inline constexpr int kFaultPointCount = 8;
+
+// "mmap", "madvise", ... as written in specs.
+absl::string_view FaultPointName(FaultPoint point);
+// All points, in enum order.
+const std::array<FaultPoint, kFaultPointCount>& AllFaultPoints();
+
+struct FaultRule {
+  enum class Kind { kNth, kEvery, kRate };
+  FaultPoint point = FaultPoint::kMmap;
+  Kind kind = Kind::kNth;
+  uint64_t k = 0;        // kNth, kEvery
+  double rate = 0.0;     // kRate
+  uint64_t seed = 0;     // kRate
+  std::optional<absl::StatusCode> code;  // replaces the real failure's code
+  std::string text;      // the rule as written, e.g. "mmap:nth=3"
+};
+
+struct FaultSpec {
+  std::vector<FaultRule> rules;
+  std::string text;  // the whole spec as given
+  bool empty() const { return rules.empty(); }
+};
+
+// Parses a spec. "" is the empty spec. Anything malformed (unknown point or
+// rule, k of 0, p outside [0, 1], a rate without a seed, an unknown code
+// name, trailing garbage, duplicated keys) is INVALID_ARGUMENT naming the
+// offending entry and what was expected.
+absl::StatusOr<FaultSpec> ParseFaultSpec(absl::string_view spec);
+
+// Parses an absl status code name as written by absl::StatusCodeToString
+// ("UNAVAILABLE", "RESOURCE_EXHAUSTED"; case-insensitive). OK is rejected.
+std::optional<absl::StatusCode> ParseStatusCodeName(absl::string_view name);
+
+// A set of fault points.
+class FaultPointSet {
+ public:
+  FaultPointSet() = default;
+  FaultPointSet(std::initializer_list<FaultPoint> points);
+  static FaultPointSet All();
+  bool contains(FaultPoint p) const { return bits_ & Bit(p); }
+  void insert(FaultPoint p) { bits_ |= Bit(p); }
+
+ private:
+  static uint32_t Bit(FaultPoint p) { return 1u << static_cast<int>(p); }
+  uint32_t bits_ = 0;
+};
+
+// Decides, call by call, whether an injectable point fails.
+class FaultInjector {
+ public:
+  // Injects nothing until armed.
+  FaultInjector() = default;
+  explicit FaultInjector(FaultSpec spec);
+  FaultInjector(const FaultInjector&) = delete;
+  FaultInjector& operator=(const FaultInjector&) = delete;
+
+  // Counts a call at `point`. Returns OK when no rule fires. When one does,
+  // returns `real_failure()` — the status the real failure would give — with
+  // its code replaced if the rule names a `code=`, and
+  // " [injected: <rule>]" appended to its message.
+  absl::Status Check(FaultPoint point,
+                     absl::FunctionRef<absl::Status()> real_failure);
+
+  // Counted mode: besides the spec's rules, the `n`-th call counted across
+  // all points in `points` fails (n >= 1). Resets all counters.
+  void ArmNthAcross(FaultPointSet points, uint64_t n);
+  // Clears counted mode and all counters; keeps the spec's rules.
+  void Reset();
+
+  // Calls seen and faults injected at `point` since construction or Reset.
+  uint64_t calls(FaultPoint point) const;
+  uint64_t injected(FaultPoint point) const;
+  uint64_t total_calls() const;
+  uint64_t total_injected() const;
+  // True when the counted-mode failure has fired since it was armed.
+  bool counted_fault_fired() const;
+
+  const FaultSpec& spec() const { return spec_; }
+
+ private:
+  // The first spec rule that fails call number `call` at `point`, or null.
+  const FaultRule* FiringRule(FaultPoint point, uint64_t call) const;
+
+  FaultSpec spec_;
+  std::array<std::atomic<uint64_t>, kFaultPointCount> calls_{};
+  std::array<std::atomic<uint64_t>, kFaultPointCount> injected_{};
+  FaultPointSet counted_points_;
+  uint64_t counted_n_ = 0;  // 0: counted mode off
+  std::atomic<uint64_t> counted_calls_{0};
+  std::atomic<bool> counted_fired_{false};
+  std::string counted_text_;
+};
+
+// An Os that consults a FaultInjector before the calls of the points mmap
+// (Mmap), madvise (Madvise), mlock (Mlock), numa (NumaBindMemory,
+// NumaRunOnNode), pin (PinRange) and log_open (CreateLogFile), and fails
+// them with the status the real call gives for ENOMEM (mmap, madvise, mlock,
+// pin), EINVAL (numa) or EACCES (log_open), unless the rule names a code.
+//
+// It also tracks, through every call that succeeds, the bytes mapped,
+// locked and pinned and the descriptors open, so a test can assert that a
+// failed start-up left nothing behind. Munmap/Munlock/UnpinRange of part of
+// a range subtract just that part.
+class FaultInjectingOs : public OsWrapper {
+ public:
+  // `target` and `faults` must outlive this object. `faults` may be null:
+  // then it only tracks.
+  FaultInjectingOs(Os* target, FaultInjector* faults);
+
+  absl::StatusOr<void*> Mmap(void* addr, size_t length, int prot, int flags,
+                             int fd, off_t offset) override;
+  absl::Status Munmap(void* addr, size_t length) override;
+  absl::Status Madvise(void* addr, size_t length, int advice) override;
+  absl::Status Mlock(const void* addr, size_t length) override;
+  absl::Status Munlock(const void* addr, size_t length) override;
+  absl::Status PinRange(const void* addr, size_t length) override;
+  absl::Status UnpinRange(const void* addr, size_t length) override;
+  absl::Status NumaBindMemory(void* addr, size_t length, int node) override;
+  absl::Status NumaRunOnNode(int node) override;
+  absl::StatusOr<int> CreateLogFile(const std::string& path) override;
+  absl::Status Close(int fd) override;
+
+  uint64_t mapped_bytes() const;
+  uint64_t locked_bytes() const;
+  uint64_t pinned_bytes() const;
+  size_t open_files() const;
+
+ private:
+  // Disjoint [begin, end) intervals keyed by begin.
+  using Intervals = std::map<uintptr_t, uintptr_t>;
+  static void Add(Intervals& set, const void* addr, size_t length);
+  static void Subtract(Intervals& set, const void* addr, size_t length);
+  static uint64_t Total(const Intervals& set);
+
+  FaultInjector* const faults_;
+  mutable absl::Mutex mu_;
+  Intervals mapped_ ABSL_GUARDED_BY(mu_);
+  Intervals locked_ ABSL_GUARDED_BY(mu_);
+  // Pins may nest (two transfers over one page), so they are counted by
+  // exact (addr, length) rather than merged.
+  std::multiset<std::pair<uintptr_t, size_t>> pinned_ ABSL_GUARDED_BY(mu_);
+  std::set<int> open_fds_ ABSL_GUARDED_BY(mu_);
+};
+
+// Runs `scenario` again and again with the n-th call across `points`
+// failing, for n = 1, 2, 3, ..., until a run in which no counted fault
+// fired (the scenario then ran to completion with every call reached).
+// `scenario` receives n and must be self-contained: set up, run, tear down
+// and check its own invariants (with gtest EXPECTs, typically) each time.
+// Returns the number of runs, including the final clean one, or
+// DEADLINE_EXCEEDED when `max_runs` runs all saw a fault.
+absl::StatusOr<uint64_t> RunWithCountedFailures(
+    FaultInjector& injector, FaultPointSet points,
+    const std::function<void(uint64_t n)>& scenario,
+    uint64_t max_runs = 100000);
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_ENV_FAULT_INJECTION_H_

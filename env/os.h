@@ -1,0 +1,267 @@
+// The OS layer: every operating-system call the runtime makes.
+//
+// Nothing in tpushim calls mmap, mlock, libnuma, getenv, clocks or the file
+// system directly; it goes through an `Os`. `Os::Default()` is the real
+// POSIX implementation (env/posix/). `OsWrapper` forwards every call to
+// another `Os`, so a test overrides one method and keeps the rest real
+// (leveldb's Env/EnvWrapper). `FaultInjectingOs` (env/fault_injection.h)
+// fails chosen calls exactly as the kernel would and tracks what is mapped,
+// locked, pinned and open.
+//
+// Errors: every fallible call returns the status of the real failure,
+// `absl::ErrnoToStatus(errno, "<call>(<args>)")`, so an ENOMEM from mmap is
+// RESOURCE_EXHAUSTED and an EACCES from open is PERMISSION_DENIED.
+//
+// Thread-safety: implementations are thread-safe; `Os::Default()` lives for
+// the whole process and is never destroyed.
+//
+//   Os* os = Os::Default();
+//   TPUSHIM_ASSIGN_OR_RETURN(void* p, os->Mmap(nullptr, len, PROT_READ |
+//       PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+//   absl::Cleanup unmap = [&] { (void)os->Munmap(p, len); };
+
+#ifndef TPUSHIM_ENV_OS_H_
+#define TPUSHIM_ENV_OS_H_
+
+#include <sys/types.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tpushim {
+
+// What lstat()/stat() tell about a path; the fields the runtime decides on.
+struct FileInfo {
+  enum class Type { kRegular, kDirectory, kSymlink, kOther };
+  Type type = Type::kOther;
+  uid_t owner = 0;
+  mode_t mode = 0;  // permission bits and sticky bit (st_mode & 07777)
+  uint64_t size = 0;
+};
+
+// A getrlimit() pair. `kUnlimited` stands for RLIM_INFINITY.
+struct ResourceLimit {
+  static constexpr uint64_t kUnlimited = ~uint64_t{0};
+  uint64_t soft = 0;
+  uint64_t hard = 0;
+};
+
+class Os {
+ public:
+  Os() = default;
+  Os(const Os&) = delete;
+  Os& operator=(const Os&) = delete;
+  virtual ~Os() = default;
+
+  // The real POSIX implementation. Never null, never destroyed.
+  static Os* Default();
+
+  // ---- Memory ------------------------------------------------------------
+
+  // mmap(2). On success returns the mapping's address (never MAP_FAILED).
+  virtual absl::StatusOr<void*> Mmap(void* addr, size_t length, int prot,
+                                     int flags, int fd, off_t offset) = 0;
+  // munmap(2).
+  virtual absl::Status Munmap(void* addr, size_t length) = 0;
+  // madvise(2), including MADV_POPULATE_WRITE and MADV_HUGEPAGE. EINVAL for
+  // an advice the kernel does not know comes back as INVALID_ARGUMENT, which
+  // callers use to detect old kernels.
+  virtual absl::Status Madvise(void* addr, size_t length, int advice) = 0;
+  // mlock(2)/munlock(2) of the premapped region (fault point `mlock`).
+  virtual absl::Status Mlock(const void* addr, size_t length) = 0;
+  virtual absl::Status Munlock(const void* addr, size_t length) = 0;
+  // Pins, then unpins, a caller's range for the length of one transfer
+  // (fault point `pin`). The POSIX implementation uses mlock/munlock on the
+  // page-aligned hull of the range.
+  virtual absl::Status PinRange(const void* addr, size_t length) = 0;
+  virtual absl::Status UnpinRange(const void* addr, size_t length) = 0;
+  // getrlimit(RLIMIT_MEMLOCK).
+  virtual absl::StatusOr<ResourceLimit> GetMemlockLimit() = 0;
+  // True when the effective capability set holds CAP_IPC_LOCK.
+  virtual bool HasIpcLockCapability() = 0;
+  // sysconf(_SC_PAGESIZE).
+  virtual size_t PageSize() = 0;
+
+  // ---- NUMA (libnuma) ----------------------------------------------------
+
+  // Number of configured NUMA nodes; 1 when libnuma says NUMA is unavailable.
+  virtual int NumaNodeCount() = 0;
+  // The node of the CPU the calling thread runs on (0 without NUMA).
+  virtual int NumaNodeOfCurrentCpu() = 0;
+  // Sets the memory policy of [addr, addr+length) to bind to `node`
+  // (mbind MPOL_BIND). Must precede the first touch of the pages.
+  virtual absl::Status NumaBindMemory(void* addr, size_t length, int node) = 0;
+  // Restricts the calling thread to the CPUs of `node`.
+  virtual absl::Status NumaRunOnNode(int node) = 0;
+  // Size and free bytes of `node`.
+  struct NumaNodeMemory {
+    uint64_t total_bytes = 0;
+    uint64_t free_bytes = 0;
+  };
+  virtual absl::StatusOr<NumaNodeMemory> NumaMemoryOfNode(int node) = 0;
+
+  // ---- Process, environment and clocks -----------------------------------
+
+  // getenv(3); nullopt when the variable is unset (set-but-empty is "").
+  virtual std::optional<std::string> GetEnv(const std::string& name) = 0;
+  // CLOCK_MONOTONIC in nanoseconds.
+  virtual int64_t MonotonicNanos() = 0;
+  // Wall-clock time.
+  virtual absl::Time Now() = 0;
+  // gettid(2).
+  virtual pid_t ThreadId() = 0;
+  virtual pid_t ProcessId() = 0;
+  virtual uid_t EffectiveUid() = 0;
+  // Login name of the effective user (getpwuid_r), else "uid<N>"; never "".
+  virtual std::string UserName() = 0;
+  // gethostname(2) up to the first '.', else "localhost".
+  virtual std::string HostName() = 0;
+  // sysconf(_SC_NPROCESSORS_ONLN), at least 1.
+  virtual int OnlineCpuCount() = 0;
+  // kill(pid, 0) does not say ESRCH.
+  virtual bool ProcessExists(pid_t pid) = 0;
+
+  // ---- Files -------------------------------------------------------------
+
+  // Whole contents of a small file, typically under /proc or /sys.
+  virtual absl::StatusOr<std::string> ReadFile(const std::string& path) = 0;
+  virtual absl::StatusOr<FileInfo> Lstat(const std::string& path) = 0;
+  virtual absl::StatusOr<FileInfo> Stat(const std::string& path) = 0;
+  // access(2) with the effective ids (faccessat AT_EACCESS).
+  virtual absl::Status Access(const std::string& path, int mode) = 0;
+  // mkdir(2); ALREADY_EXISTS when the path exists.
+  virtual absl::Status MakeDirectory(const std::string& path, mode_t mode) = 0;
+  // Creates a new log file: open(O_WRONLY|O_CREAT|O_EXCL|O_NOFOLLOW|
+  // O_CLOEXEC|O_APPEND, 0644). Never follows a symlink and never opens an
+  // existing file (ALREADY_EXISTS). Fault point `log_open`. The caller owns
+  // the returned descriptor and must Close() it.
+  virtual absl::StatusOr<int> CreateLogFile(const std::string& path) = 0;
+  // Writes all `size` bytes (retrying short writes and EINTR).
+  virtual absl::Status WriteAll(int fd, const void* data, size_t size) = 0;
+  virtual absl::Status Close(int fd) = 0;
+  // symlink(2): creates `link` pointing at `target` (which may be relative).
+  virtual absl::Status Symlink(const std::string& target,
+                               const std::string& link) = 0;
+  virtual absl::Status Rename(const std::string& from,
+                              const std::string& to) = 0;
+  virtual absl::Status Unlink(const std::string& path) = 0;
+  // Names in `path` other than "." and "..", in no particular order.
+  virtual absl::StatusOr<std::vector<std::string>> ListDirectory(
+      const std::string& path) = 0;
+};
+
+// Forwards every call to `target`, which must outlive the wrapper. Subclass
+// it and override the calls a test wants to change.
+class OsWrapper : public Os {
+ public:
+  explicit OsWrapper(Os* target) : target_(target) {}
+
+  Os* target() const { return target_; }
+
+  absl::StatusOr<void*> Mmap(void* addr, size_t length, int prot, int flags,
+                             int fd, off_t offset) override {
+    return target_->Mmap(addr, length, prot, flags, fd, offset);
+  }
+  absl::Status Munmap(void* addr, size_t length) override {
+    return target_->Munmap(addr, length);
+  }
+  absl::Status Madvise(void* addr, size_t length, int advice) override {
+    return target_->Madvise(addr, length, advice);
+  }
+  absl::Status Mlock(const void* addr, size_t length) override {
+    return target_->Mlock(addr, length);
+  }
+  absl::Status Munlock(const void* addr, size_t length) override {
+    return target_->Munlock(addr, length);
+  }
+  absl::Status PinRange(const void* addr, size_t length) override {
+    return target_->PinRange(addr, length);
+  }
+  absl::Status UnpinRange(const void* addr, size_t length) override {
+    return target_->UnpinRange(addr, length);
+  }
+  absl::StatusOr<ResourceLimit> GetMemlockLimit() override {
+    return target_->GetMemlockLimit();
+  }
+  bool HasIpcLockCapability() override {
+    return target_->HasIpcLockCapability();
+  }
+  size_t PageSize() override { return target_->PageSize(); }
+  int NumaNodeCount() override { return target_->NumaNodeCount(); }
+  int NumaNodeOfCurrentCpu() override {
+    return target_->NumaNodeOfCurrentCpu();
+  }
+  absl::Status NumaBindMemory(void* addr, size_t length, int node) override {
+    return target_->NumaBindMemory(addr, length, node);
+  }
+  absl::Status NumaRunOnNode(int node) override {
+    return target_->NumaRunOnNode(node);
+  }
+  absl::StatusOr<NumaNodeMemory> NumaMemoryOfNode(int node) override {
+    return target_->NumaMemoryOfNode(node);
+  }
+  std::optional<std::string> GetEnv(const std::string& name) override {
+    return target_->GetEnv(name);
+  }
+  int64_t MonotonicNanos() override { return target_->MonotonicNanos(); }
+  absl::Time Now() override { return target_->Now(); }
+  pid_t ThreadId() override { return target_->ThreadId(); }
+  pid_t ProcessId() override { return target_->ProcessId(); }
+  uid_t EffectiveUid() override { return target_->EffectiveUid(); }
+  std::string UserName() override { return target_->UserName(); }
+  std::string HostName() override { return target_->HostName(); }
+  int OnlineCpuCount() override { return target_->OnlineCpuCount(); }
+  bool ProcessExists(pid_t pid) override {
+    return target_->ProcessExists(pid);
+  }
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    return target_->ReadFile(path);
+  }
+  absl::StatusOr<FileInfo> Lstat(const std::string& path) override {
+    return target_->Lstat(path);
+  }
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override {
+    return target_->Stat(path);
+  }
+  absl::Status Access(const std::string& path, int mode) override {
+    return target_->Access(path, mode);
+  }
+  absl::Status MakeDirectory(const std::string& path, mode_t mode) override {
+    return target_->MakeDirectory(path, mode);
+  }
+  absl::StatusOr<int> CreateLogFile(const std::string& path) override {
+    return target_->CreateLogFile(path);
+  }
+  absl::Status WriteAll(int fd, const void* data, size_t size) override {
+    return target_->WriteAll(fd, data, size);
+  }
+  absl::Status Close(int fd) override { return target_->Close(fd); }
+  absl::Status Symlink(const std::string& target,
+                       const std::string& link) override {
+    return target_->Symlink(target, link);
+  }
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    return target_->Rename(from, to);
+  }
+  absl::Status Unlink(const std::string& path) override {
+    return target_->Unlink(path);
+  }
+  absl::StatusOr<std::vector<std::string>> ListDirectory(
+      const std::string& path) override {
+    return target_->ListDirectory(path);
+  }
+
+ private:
+  Os* const target_;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_ENV_OS_H_

@@ -1,0 +1,416 @@
+// The real OS layer: direct system calls and libnuma.
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <numa.h>
+#include <numaif.h>
+#include <pwd.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "env/os.h"
+
+namespace tpushim {
+namespace {
+
+absl::Status ErrnoStatus(int err, absl::string_view what) {
+  return absl::ErrnoToStatus(err, what);
+}
+
+std::string PtrArgs(const void* addr, size_t length) {
+  return absl::StrFormat("%p, %d", addr, length);
+}
+
+FileInfo ToFileInfo(const struct stat& st) {
+  FileInfo info;
+  if (S_ISREG(st.st_mode)) {
+    info.type = FileInfo::Type::kRegular;
+  } else if (S_ISDIR(st.st_mode)) {
+    info.type = FileInfo::Type::kDirectory;
+  } else if (S_ISLNK(st.st_mode)) {
+    info.type = FileInfo::Type::kSymlink;
+  } else {
+    info.type = FileInfo::Type::kOther;
+  }
+  info.owner = st.st_uid;
+  info.mode = st.st_mode & 07777;
+  info.size = static_cast<uint64_t>(st.st_size);
+  return info;
+}
+
+// Rounds [addr, addr+length) out to whole pages.
+void PageHull(const void* addr, size_t length, size_t page, void** start,
+              size_t* hull_length) {
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
+  const uintptr_t end =
+      (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
+  *start = reinterpret_cast<void*>(begin);
+  *hull_length = end - begin;
+}
+
+class PosixOs final : public Os {
+ public:
+  PosixOs() : numa_available_(numa_available() >= 0) {}
+
+  absl::StatusOr<void*> Mmap(void* addr, size_t length, int prot, int flags,
+                             int fd, off_t offset) override {
+    void* p = mmap(addr, length, prot, flags, fd, offset);
+    if (p == MAP_FAILED) {
+      return ErrnoStatus(errno, absl::StrCat("mmap(", length, " bytes)"));
+    }
+    return p;
+  }
+
+  absl::Status Munmap(void* addr, size_t length) override {
+    if (munmap(addr, length) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("munmap(", PtrArgs(addr, length),
+                                             ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Madvise(void* addr, size_t length, int advice) override {
+    while (madvise(addr, length, advice) != 0) {
+      if (errno == EINTR || errno == EAGAIN) continue;
+      return ErrnoStatus(errno, absl::StrCat("madvise(", PtrArgs(addr, length),
+                                             ", ", advice, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Mlock(const void* addr, size_t length) override {
+    if (mlock(addr, length) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("mlock(", PtrArgs(addr, length),
+                                             ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Munlock(const void* addr, size_t length) override {
+    if (munlock(addr, length) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("munlock(",
+                                             PtrArgs(addr, length), ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PinRange(const void* addr, size_t length) override {
+    void* start;
+    size_t hull;
+    PageHull(addr, length, PageSize(), &start, &hull);
+    if (mlock(start, hull) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("mlock(", PtrArgs(start, hull),
+                                             ") to pin a transfer buffer"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status UnpinRange(const void* addr, size_t length) override {
+    void* start;
+    size_t hull;
+    PageHull(addr, length, PageSize(), &start, &hull);
+    if (munlock(start, hull) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("munlock(", PtrArgs(start, hull),
+                                             ") to unpin a transfer buffer"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<ResourceLimit> GetMemlockLimit() override {
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_MEMLOCK, &rl) != 0) {
+      return ErrnoStatus(errno, "getrlimit(RLIMIT_MEMLOCK)");
+    }
+    auto convert = [](rlim_t v) {
+      return v == RLIM_INFINITY ? ResourceLimit::kUnlimited
+                                : static_cast<uint64_t>(v);
+    };
+    return ResourceLimit{convert(rl.rlim_cur), convert(rl.rlim_max)};
+  }
+
+  bool HasIpcLockCapability() override {
+    // CapEff in /proc/self/status is a hex mask; CAP_IPC_LOCK is bit 14.
+    absl::StatusOr<std::string> status = ReadFile("/proc/self/status");
+    if (!status.ok()) return false;
+    for (absl::string_view line : absl::StrSplit(*status, '\n')) {
+      if (!absl::ConsumePrefix(&line, "CapEff:")) continue;
+      uint64_t mask = 0;
+      if (!absl::SimpleHexAtoi(absl::StripAsciiWhitespace(line), &mask)) {
+        return false;
+      }
+      constexpr int kCapIpcLock = 14;
+      return (mask >> kCapIpcLock) & 1;
+    }
+    return false;
+  }
+
+  size_t PageSize() override {
+    static const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    return page;
+  }
+
+  int NumaNodeCount() override {
+    if (!numa_available_) return 1;
+    return numa_num_configured_nodes() > 0 ? numa_num_configured_nodes() : 1;
+  }
+
+  int NumaNodeOfCurrentCpu() override {
+    if (!numa_available_) return 0;
+    const int cpu = sched_getcpu();
+    if (cpu < 0) return 0;
+    const int node = numa_node_of_cpu(cpu);
+    return node < 0 ? 0 : node;
+  }
+
+  absl::Status NumaBindMemory(void* addr, size_t length, int node) override {
+    if (!numa_available_) {
+      if (node == 0) return absl::OkStatus();  // one node: nothing to bind
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NUMA node ", node, " requested but this host has no NUMA support"));
+    }
+    if (node < 0 || node > numa_max_node()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NUMA node ", node, " does not exist (nodes 0..", numa_max_node(),
+          ")"));
+    }
+    std::unique_ptr<bitmask, void (*)(bitmask*)> mask(numa_allocate_nodemask(),
+                                                      numa_bitmask_free);
+    numa_bitmask_setbit(mask.get(), static_cast<unsigned>(node));
+    if (mbind(addr, length, MPOL_BIND, mask->maskp, mask->size + 1, 0) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("mbind(", PtrArgs(addr, length),
+                                             ", node ", node, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status NumaRunOnNode(int node) override {
+    if (!numa_available_) {
+      if (node == 0) return absl::OkStatus();
+      return absl::InvalidArgumentError(absl::StrCat(
+          "NUMA node ", node, " requested but this host has no NUMA support"));
+    }
+    if (numa_run_on_node(node) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("numa_run_on_node(", node, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<NumaNodeMemory> NumaMemoryOfNode(int node) override {
+    if (!numa_available_ || node < 0 || node > numa_max_node()) {
+      if (!numa_available_ && node == 0) {
+        // Without NUMA the whole machine is node 0.
+        const long pages = sysconf(_SC_PHYS_PAGES);
+        const long avail = sysconf(_SC_AVPHYS_PAGES);
+        return NumaNodeMemory{static_cast<uint64_t>(pages) * PageSize(),
+                              static_cast<uint64_t>(avail) * PageSize()};
+      }
+      return absl::InvalidArgumentError(
+          absl::StrCat("NUMA node ", node, " does not exist"));
+    }
+    long long free_bytes = 0;
+    const long long total = numa_node_size64(node, &free_bytes);
+    if (total < 0) {
+      return ErrnoStatus(errno, absl::StrCat("numa_node_size64(", node, ")"));
+    }
+    return NumaNodeMemory{static_cast<uint64_t>(total),
+                          static_cast<uint64_t>(free_bytes)};
+  }
+
+  std::optional<std::string> GetEnv(const std::string& name) override {
+    const char* value = std::getenv(name.c_str());
+    if (value == nullptr) return std::nullopt;
+    return std::string(value);
+  }
+
+  int64_t MonotonicNanos() override {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+  }
+
+  absl::Time Now() override { return absl::Now(); }
+
+  pid_t ThreadId() override { return static_cast<pid_t>(syscall(SYS_gettid)); }
+
+  pid_t ProcessId() override { return getpid(); }
+
+  uid_t EffectiveUid() override { return geteuid(); }
+
+  std::string UserName() override {
+    const uid_t uid = geteuid();
+    struct passwd pwd;
+    struct passwd* result = nullptr;
+    std::vector<char> buffer(16384);
+    if (getpwuid_r(uid, &pwd, buffer.data(), buffer.size(), &result) == 0 &&
+        result != nullptr && result->pw_name != nullptr &&
+        result->pw_name[0] != '\0') {
+      return result->pw_name;
+    }
+    return absl::StrCat("uid", uid);
+  }
+
+  std::string HostName() override {
+    char name[256] = {};
+    if (gethostname(name, sizeof(name) - 1) != 0 || name[0] == '\0') {
+      return "localhost";
+    }
+    std::string host(name);
+    return host.substr(0, host.find('.'));
+  }
+
+  int OnlineCpuCount() override {
+    const long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? static_cast<int>(n) : 1;
+  }
+
+  bool ProcessExists(pid_t pid) override {
+    return kill(pid, 0) == 0 || errno != ESRCH;
+  }
+
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+    std::string contents;
+    char buffer[4096];
+    for (;;) {
+      const ssize_t n = read(fd, buffer, sizeof(buffer));
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        const int err = errno;
+        close(fd);
+        return ErrnoStatus(err, absl::StrCat("read(", path, ")"));
+      }
+      if (n == 0) break;
+      contents.append(buffer, static_cast<size_t>(n));
+    }
+    close(fd);
+    return contents;
+  }
+
+  absl::StatusOr<FileInfo> Lstat(const std::string& path) override {
+    struct stat st;
+    if (lstat(path.c_str(), &st) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("lstat(", path, ")"));
+    }
+    return ToFileInfo(st);
+  }
+
+  absl::StatusOr<FileInfo> Stat(const std::string& path) override {
+    struct stat st;
+    if (stat(path.c_str(), &st) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("stat(", path, ")"));
+    }
+    return ToFileInfo(st);
+  }
+
+  absl::Status Access(const std::string& path, int mode) override {
+    if (faccessat(AT_FDCWD, path.c_str(), mode, AT_EACCESS) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("access(", path, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status MakeDirectory(const std::string& path, mode_t mode) override {
+    if (mkdir(path.c_str(), mode) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("mkdir(", path, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int> CreateLogFile(const std::string& path) override {
+    const int fd =
+        open(path.c_str(),
+             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_APPEND,
+             0644);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+    return fd;
+  }
+
+  absl::Status WriteAll(int fd, const void* data, size_t size) override {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = write(fd, p, size);
+      if (n < 0) {
+        if (errno == EINTR) continue;
+        return ErrnoStatus(errno, "write");
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Close(int fd) override {
+    if (close(fd) != 0 && errno != EINTR) return ErrnoStatus(errno, "close");
+    return absl::OkStatus();
+  }
+
+  absl::Status Symlink(const std::string& target,
+                       const std::string& link) override {
+    if (symlink(target.c_str(), link.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("symlink(", link, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Rename(const std::string& from, const std::string& to) override {
+    if (rename(from.c_str(), to.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("rename(", from, ", ", to, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Unlink(const std::string& path) override {
+    if (unlink(path.c_str()) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("unlink(", path, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::vector<std::string>> ListDirectory(
+      const std::string& path) override {
+    DIR* dir = opendir(path.c_str());
+    if (dir == nullptr) {
+      return ErrnoStatus(errno, absl::StrCat("opendir(", path, ")"));
+    }
+    std::vector<std::string> names;
+    errno = 0;
+    while (struct dirent* entry = readdir(dir)) {
+      const absl::string_view name = entry->d_name;
+      if (name != "." && name != "..") names.emplace_back(name);
+    }
+    const int err = errno;
+    closedir(dir);
+    if (err != 0) return ErrnoStatus(err, absl::StrCat("readdir(", path, ")"));
+    return names;
+  }
+
+ private:
+  const bool numa_available_;
+};
+
+}  // namespace
+
+Os* Os::Default() {
+  static Os* const os = new PosixOs();
+  return os;
+}
+
+}  // namespace tpushim

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs every Debian 12 package tpushim needs to build, test and run.
+# Idempotent; works as root or through sudo. Usage: bash scripts/setup.sh
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config git
+  libabsl-dev libspdlog-dev libfmt-dev libnuma-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  libcli11-dev nlohmann-json3-dev libxxhash-dev
+  python3
+)
+
+if [[ "$(id -u)" -eq 0 ]]; then
+  as_root=()
+elif command -v sudo >/dev/null 2>&1; then
+  as_root=(sudo)
+else
+  echo "setup.sh: needs root or sudo to install packages" >&2
+  exit 1
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed'; then
+    missing+=("$p")
+  fi
+done
+
+if ((${#missing[@]} > 0)); then
+  echo "setup.sh: installing ${missing[*]}"
+  "${as_root[@]}" apt-get update -qq
+  "${as_root[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
+else
+  echo "setup.sh: all packages present"
+fi
