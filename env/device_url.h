@@ -1,0 +1,79 @@
+// Device URLs (CONTRACTS §5): which devices a system drives.
+//
+//   sim://                                   one simulated device, 16G HBM
+//   sim://?devices=4&hbm=8G&link_gbps=25&latency_us=2&dma_engines=2
+//
+// Query parameters of sim://:
+//   devices=N       1 .. 64                      (default 1)
+//   hbm=B           bytes, or with a K/M/G/T suffix (1024 base, optional
+//                   "iB"), at least 1M, at most 1T  (default 16G)
+//   link_gbps=F     >= 0, 0 = unthrottled           (default 0)
+//   latency_us=F    >= 0                            (default 0)
+//   dma_engines=N   1 .. 64 per direction           (default 1)
+//
+// Parsing is strict: the URL starts with exactly `sim://` (lower case),
+// nothing stands between `//` and the optional `?<name>=<value>&...`, and
+// every parameter is non-empty. An unknown scheme (the message lists the
+// supported ones) or parameter, a repeated parameter, a malformed or
+// out-of-range value is INVALID_ARGUMENT naming the parameter and the value,
+// e.g. `devices="0" is out of range [1, 64]`. Integers are strict decimals
+// (see ParseDecimal); floats are `[0-9]+(.[0-9]+)?` (no sign, exponent, inf
+// or nan).
+//
+// This header also holds the strict value parsers that env/options.cc
+// shares. Their errors read `<what>="<text>" <problem>`, the value quoted so
+// that stray spaces show.
+//
+// Pure functions; thread-safe.
+
+#ifndef TPUSHIM_ENV_DEVICE_URL_H_
+#define TPUSHIM_ENV_DEVICE_URL_H_
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+
+#include "absl/strings/string_view.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace tpushim {
+
+struct DeviceUrl {
+  enum class Scheme { kSim };
+  Scheme scheme = Scheme::kSim;
+  int devices = 1;
+  uint64_t hbm_bytes = uint64_t{16} << 30;
+  double link_gbps = 0.0;
+  double latency_us = 0.0;
+  int dma_engines = 1;
+  std::string text = "sim://";  // as given
+
+  static DeviceUrl Default() { return DeviceUrl{}; }
+};
+
+absl::StatusOr<DeviceUrl> ParseDeviceUrl(absl::string_view url);
+
+// Parses a byte count written as decimal bytes or with a K/M/G/T suffix
+// (1024 base, upper case, optionally followed by "iB": "16G", "16GiB",
+// "512M", "4096"). INVALID_ARGUMENT on anything else or on overflow.
+// `what` names the value in the message.
+absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text,
+                                       absl::string_view what);
+
+// Parses a strict decimal: one or more ASCII digits, leading zeros allowed,
+// nothing else (no sign, space, "0x", unit or exponent), in [min, max].
+// INVALID_ARGUMENT `<what>="<text>" is not a valid decimal number: <why>`
+// or `<what>="<text>" is out of range [<min>, <max>]`.
+absl::StatusOr<uint64_t> ParseDecimal(
+    absl::string_view text, absl::string_view what, uint64_t min = 0,
+    uint64_t max = std::numeric_limits<uint64_t>::max());
+
+// INVALID_ARGUMENT `<what>="<text>" <problem>`.
+absl::Status InvalidValueError(absl::string_view what, absl::string_view text,
+                               absl::string_view problem);
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_ENV_DEVICE_URL_H_
