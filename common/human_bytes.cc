@@ -1,5 +1,6 @@
 #include "common/human_bytes.h"
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 
 namespace tpushim {
@@ -15,6 +16,10 @@ std::string HumanReadableBytes(uint64_t bytes) {
   const double value = static_cast<double>(bytes) / 1024.0;
   return *unit == 'K' ? absl::StrFormat("%.1f%c", value, *unit)
                       : absl::StrFormat("%.2f%c", value, *unit);
+}
+
+std::string BytesWithHumanReadable(uint64_t bytes) {
+  return absl::StrCat(bytes, " (", HumanReadableBytes(bytes), ")");
 }
 
 }  // namespace tpushim

@@ -20,6 +20,10 @@ namespace tpushim {
 
 std::string HumanReadableBytes(uint64_t bytes);
 
+// A byte count written both ways, raw then human-readable:
+// "4294967296 (4.00G)", "123 (123B)". For messages and tables.
+std::string BytesWithHumanReadable(uint64_t bytes);
+
 }  // namespace tpushim
 
 #endif  // TPUSHIM_COMMON_HUMAN_BYTES_H_

@@ -1,0 +1,187 @@
+#include "tests/tools/subprocess.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace tpushim::testutil {
+namespace {
+
+// Closes the descriptors it holds when it goes out of scope.
+class Pipe {
+ public:
+  Pipe() = default;
+  Pipe(const Pipe&) = delete;
+  Pipe& operator=(const Pipe&) = delete;
+  ~Pipe() {
+    CloseRead();
+    CloseWrite();
+  }
+
+  absl::Status Open() {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) return absl::ErrnoToStatus(errno, "pipe2");
+    read_fd_ = fds[0];
+    write_fd_ = fds[1];
+    return absl::OkStatus();
+  }
+  int read_fd() const { return read_fd_; }
+  int write_fd() const { return write_fd_; }
+  void CloseRead() { CloseFd(read_fd_); }
+  void CloseWrite() { CloseFd(write_fd_); }
+
+ private:
+  static void CloseFd(int& fd) {
+    if (fd >= 0) close(fd);
+    fd = -1;
+  }
+
+  int read_fd_ = -1;
+  int write_fd_ = -1;
+};
+
+// posix_spawn_file_actions_t with its destroy.
+class FileActions {
+ public:
+  FileActions() { posix_spawn_file_actions_init(&actions_); }
+  FileActions(const FileActions&) = delete;
+  FileActions& operator=(const FileActions&) = delete;
+  ~FileActions() { posix_spawn_file_actions_destroy(&actions_); }
+  posix_spawn_file_actions_t* get() { return &actions_; }
+
+ private:
+  posix_spawn_file_actions_t actions_;
+};
+
+// A NULL-terminated char* array over `strings`, which must outlive it.
+std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
+  std::vector<char*> array;
+  array.reserve(strings.size() + 1);
+  for (const std::string& s : strings) {
+    array.push_back(const_cast<char*>(s.c_str()));
+  }
+  array.push_back(nullptr);
+  return array;
+}
+
+absl::Status WaitForChild(pid_t pid, int* wait_status) {
+  while (waitpid(pid, wait_status, 0) < 0) {
+    if (errno != EINTR) return absl::ErrnoToStatus(errno, "waitpid");
+  }
+  return absl::OkStatus();
+}
+
+// Reads both pipes until the child closes them or `deadline` passes.
+// Returns false on timeout.
+absl::StatusOr<bool> DrainUntil(int out_fd, int err_fd,
+                                std::chrono::steady_clock::time_point deadline,
+                                SubprocessResult& result) {
+  struct Stream {
+    int fd;
+    std::string* sink;
+  };
+  std::vector<Stream> open_streams = {{out_fd, &result.out},
+                                      {err_fd, &result.err}};
+  char buffer[65536];
+  while (!open_streams.empty()) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    std::vector<pollfd> fds;
+    for (const Stream& s : open_streams) fds.push_back({s.fd, POLLIN, 0});
+    const int ready = poll(fds.data(), fds.size(),
+                           static_cast<int>(std::min<int64_t>(
+                               left.count(), int64_t{60} * 60 * 1000)));
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, "poll");
+    }
+    for (size_t i = fds.size(); i-- > 0;) {
+      if (fds[i].revents == 0) continue;
+      const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
+      if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
+      if (n < 0) return absl::ErrnoToStatus(errno, "read");
+      if (n == 0) {
+        open_streams.erase(open_streams.begin() + static_cast<ptrdiff_t>(i));
+        continue;
+      }
+      open_streams[i].sink->append(buffer, static_cast<size_t>(n));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<SubprocessResult> RunSubprocess(
+    const std::string& path, const std::vector<std::string>& args,
+    const std::vector<std::string>& env, absl::Duration timeout) {
+  const auto deadline =
+      std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
+  Pipe out_pipe;
+  Pipe err_pipe;
+  if (absl::Status s = out_pipe.Open(); !s.ok()) return s;
+  if (absl::Status s = err_pipe.Open(); !s.ok()) return s;
+
+  // dup2 clears FD_CLOEXEC on the child's 1 and 2; every pipe end opened
+  // above is close-on-exec, so the child holds only those.
+  FileActions actions;
+  posix_spawn_file_actions_addopen(actions.get(), STDIN_FILENO, "/dev/null",
+                                   O_RDONLY, 0);
+  posix_spawn_file_actions_adddup2(actions.get(), out_pipe.write_fd(),
+                                   STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(actions.get(), err_pipe.write_fd(),
+                                   STDERR_FILENO);
+
+  std::vector<std::string> argv_strings = {path};
+  argv_strings.insert(argv_strings.end(), args.begin(), args.end());
+  std::vector<char*> argv = CStringArray(argv_strings);
+  std::vector<char*> envp = CStringArray(env);
+
+  pid_t pid = 0;
+  const int spawn_error =
+      posix_spawn(&pid, path.c_str(), actions.get(),
+                  /*attrp=*/nullptr, argv.data(), envp.data());
+  if (spawn_error != 0) {
+    return absl::ErrnoToStatus(spawn_error,
+                               absl::StrCat("posix_spawn(", path, ")"));
+  }
+  // Only the child writes now: the read ends see EOF when it exits.
+  out_pipe.CloseWrite();
+  err_pipe.CloseWrite();
+
+  SubprocessResult result;
+  absl::StatusOr<bool> finished =
+      DrainUntil(out_pipe.read_fd(), err_pipe.read_fd(), deadline, result);
+  if (!finished.ok() || !*finished) kill(pid, SIGKILL);
+  int wait_status = 0;
+  if (absl::Status s = WaitForChild(pid, &wait_status); !s.ok()) return s;
+  if (!finished.ok()) return finished.status();
+  if (!*finished) {
+    return absl::DeadlineExceededError(absl::StrCat(
+        "`", absl::StrJoin(argv_strings, " "), "` ran longer than ",
+        absl::FormatDuration(timeout), "; killed. stdout so far:\n", result.out,
+        "\nstderr so far:\n", result.err));
+  }
+  if (WIFEXITED(wait_status)) {
+    result.exit_code = WEXITSTATUS(wait_status);
+  } else if (WIFSIGNALED(wait_status)) {
+    result.term_signal = WTERMSIG(wait_status);
+  }
+  return result;
+}
+
+}  // namespace tpushim::testutil

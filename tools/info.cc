@@ -1,0 +1,261 @@
+#include "tools/info.h"
+
+#include <cstdint>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "common/human_bytes.h"
+#include "env/host_facts.h"
+#include "env/options.h"
+#include "nlohmann/json.hpp"
+#include "tools/text_table.h"
+
+namespace tpushim::tools {
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kInfoDescription[] =
+    "Show the configuration, the host facts and where they clash";
+
+constexpr char kInfoFooter[] = R"footer(
+Prints every setting with its resolved value and where it came from
+(LIBTPU_INIT_ARGS flags, then environment variables, then defaults), the
+host facts that decide whether the premapped region can be mapped and
+pinned (memory, cgroup limit, memlock limit, huge pages, NUMA, CPUs), and
+the checks of one against the other. Nothing is allocated, pinned or
+logged.
+
+Exit status: 0 whenever the configuration is valid, even when the checks
+report WARNING or ERROR clashes (info only informs); 2 for an invalid
+configuration or command line; 1 when the host facts cannot be read.
+
+Examples:
+  tpushim info
+  TPU_PREMAPPED_BUFFER_SIZE=17179869184 tpushim info
+  LIBTPU_INIT_ARGS=--tpu_premapped_buffer_size=8589934592 tpushim info
+  tpushim info --json | jq .host.memlock
+  tpushim info --json | jq -r '.checks[] | "\(.level): \(.message)"')footer";
+
+// The byte-valued settings, by variable name, with their resolved values.
+std::optional<uint64_t> ByteValueOf(const OptionRow& row,
+                                    const Options& options) {
+  if (row.name == "TPU_PREMAPPED_BUFFER_SIZE") {
+    return options.premapped_buffer_size.value;
+  }
+  if (row.name == "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES") {
+    return options.premapped_buffer_transfer_threshold_bytes.value;
+  }
+  return std::nullopt;
+}
+
+// "error" / "warning": the JSON level, upper-cased in tables.
+absl::string_view LevelName(HostClash::Level level) {
+  return level == HostClash::Level::kError ? "error" : "warning";
+}
+
+// A limit where ResourceLimit::kUnlimited means none.
+std::string LimitText(uint64_t limit) {
+  return limit == ResourceLimit::kUnlimited ? "unlimited"
+                                            : BytesWithHumanReadable(limit);
+}
+Json LimitJson(uint64_t limit) {
+  return limit == ResourceLimit::kUnlimited ? Json(nullptr) : Json(limit);
+}
+
+Json OptionalJson(const std::optional<uint64_t>& value) {
+  return value.has_value() ? Json(*value) : Json(nullptr);
+}
+
+// ---- Human output ----------------------------------------------------------
+
+void PrintConfiguration(const Options& options, std::ostream& out) {
+  out << "Configuration\n";
+  TextTable table({"VARIABLE", "VALUE", "SIZE", "SOURCE"});
+  for (const OptionRow& row : DescribeOptions(options)) {
+    const std::optional<uint64_t> bytes = ByteValueOf(row, options);
+    table.AddRow({row.name, row.value,
+                  bytes.has_value() ? HumanReadableBytes(*bytes) : "",
+                  std::string(OptionSourceName(row.source))});
+  }
+  table.Print(out);
+  for (const std::string& warning : options.warnings) {
+    out << "  WARNING: " << warning << "\n";
+  }
+}
+
+void PrintHost(const HostFacts& facts, std::ostream& out) {
+  out << "\nHost\n";
+  TextTable table;
+  table.AddRow({"MemTotal", BytesWithHumanReadable(facts.mem_total_bytes)});
+  table.AddRow(
+      {"MemAvailable", BytesWithHumanReadable(facts.mem_available_bytes)});
+  if (facts.cgroup_version == 0) {
+    table.AddRow({"cgroup", "none (no memory controller found)"});
+  } else {
+    table.AddRow({"cgroup", absl::StrCat("v", facts.cgroup_version, " ",
+                                         facts.cgroup_path)});
+    table.AddRow({"cgroup memory limit",
+                  facts.cgroup_memory_limit_bytes.has_value()
+                      ? BytesWithHumanReadable(*facts.cgroup_memory_limit_bytes)
+                      : "unlimited"});
+    table.AddRow({"cgroup memory usage",
+                  facts.cgroup_memory_usage_bytes.has_value()
+                      ? BytesWithHumanReadable(*facts.cgroup_memory_usage_bytes)
+                      : "unknown"});
+  }
+  table.AddRow({"usable by this process",
+                BytesWithHumanReadable(facts.UsableMemoryBytes())});
+  table.AddRow({"RLIMIT_MEMLOCK soft", LimitText(facts.memlock.soft)});
+  table.AddRow({"RLIMIT_MEMLOCK hard", LimitText(facts.memlock.hard)});
+  table.AddRow({"CAP_IPC_LOCK", facts.has_cap_ipc_lock ? "yes" : "no"});
+  table.AddRow({"THP enabled",
+                facts.thp_enabled.empty() ? "unavailable" : facts.thp_enabled});
+  table.AddRow({"THP defrag",
+                facts.thp_defrag.empty() ? "unavailable" : facts.thp_defrag});
+  if (facts.hugepage_pools.empty()) table.AddRow({"hugepages", "none"});
+  for (const HostFacts::HugePagePool& pool : facts.hugepage_pools) {
+    table.AddRow(
+        {absl::StrCat("hugepages ", HumanReadableBytes(pool.page_bytes)),
+         absl::StrCat("total ", pool.total_pages, ", free ", pool.free_pages,
+                      ", reserved ", pool.reserved_pages)});
+  }
+  for (const HostFacts::NumaNode& node : facts.numa_nodes) {
+    table.AddRow(
+        {absl::StrCat("NUMA node ", node.node),
+         absl::StrCat("total ", BytesWithHumanReadable(node.total_bytes),
+                      ", free ", BytesWithHumanReadable(node.free_bytes))});
+  }
+  table.AddRow({"online CPUs", absl::StrCat(facts.online_cpus)});
+  table.AddRow({"page size", BytesWithHumanReadable(facts.page_size)});
+  table.Print(out);
+}
+
+void PrintChecks(const std::vector<HostClash>& clashes, std::ostream& out) {
+  out << "\nChecks\n";
+  if (clashes.empty()) out << "  OK: the configuration fits this host\n";
+  // An error is shown as the status start-up would return.
+  for (const HostClash& clash : clashes) {
+    out << "  " << absl::AsciiStrToUpper(LevelName(clash.level)) << ": "
+        << (clash.level == HostClash::Level::kError
+                ? clash.ToStatus().ToString()
+                : clash.message)
+        << "\n";
+  }
+}
+
+// ---- JSON output -----------------------------------------------------------
+
+Json ConfigJson(const Options& options) {
+  Json rows = Json::array();
+  for (const OptionRow& row : DescribeOptions(options)) {
+    rows.push_back({{"name", row.name},
+                    {"value", row.value},
+                    {"source", std::string(OptionSourceName(row.source))}});
+  }
+  return rows;
+}
+
+Json HostJson(const HostFacts& facts) {
+  Json pools = Json::array();
+  for (const HostFacts::HugePagePool& pool : facts.hugepage_pools) {
+    pools.push_back({{"page_bytes", pool.page_bytes},
+                     {"total", pool.total_pages},
+                     {"free", pool.free_pages},
+                     {"reserved", pool.reserved_pages}});
+  }
+  Json nodes = Json::array();
+  for (const HostFacts::NumaNode& node : facts.numa_nodes) {
+    nodes.push_back({{"node", node.node},
+                     {"total_bytes", node.total_bytes},
+                     {"free_bytes", node.free_bytes}});
+  }
+  return {
+      {"mem_total_bytes", facts.mem_total_bytes},
+      {"mem_available_bytes", facts.mem_available_bytes},
+      {"usable_memory_bytes", facts.UsableMemoryBytes()},
+      {"cgroup",
+       {{"version", facts.cgroup_version},
+        {"path", facts.cgroup_path},
+        {"memory_limit_bytes", OptionalJson(facts.cgroup_memory_limit_bytes)},
+        {"memory_usage_bytes", OptionalJson(facts.cgroup_memory_usage_bytes)}}},
+      {"memlock",
+       {{"soft", LimitJson(facts.memlock.soft)},
+        {"hard", LimitJson(facts.memlock.hard)}}},
+      {"cap_ipc_lock", facts.has_cap_ipc_lock},
+      {"thp", {{"enabled", facts.thp_enabled}, {"defrag", facts.thp_defrag}}},
+      {"hugepage_pools", pools},
+      {"numa_nodes", nodes},
+      {"online_cpus", facts.online_cpus},
+      {"page_size", facts.page_size},
+  };
+}
+
+Json ChecksJson(const std::vector<HostClash>& clashes) {
+  Json checks = Json::array();
+  for (const HostClash& clash : clashes) {
+    // "code": the status start-up would return, for errors; null for
+    // warnings, which start-up only logs.
+    Json code = nullptr;
+    if (clash.level == HostClash::Level::kError) {
+      code = absl::StatusCodeToString(clash.ToStatus().code());
+    }
+    checks.push_back({{"level", std::string(LevelName(clash.level))},
+                      {"code", code},
+                      {"message", clash.message}});
+  }
+  return checks;
+}
+
+// ---- The command -----------------------------------------------------------
+
+void RunInfo(bool json, CommandContext& context) {
+  absl::StatusOr<Options> options = ResolveOptions(*context.os);
+  if (!options.ok()) {
+    ReportError(options.status(), "invalid configuration", json, kExitUsage,
+                context);
+    return;
+  }
+  absl::StatusOr<HostFacts> facts = ReadHostFacts(*context.os);
+  if (!facts.ok()) {
+    ReportError(facts.status(), "cannot read the host facts", json,
+                kExitFailure, context);
+    return;
+  }
+  const std::vector<HostClash> clashes =
+      CheckOptionsAgainstHost(*options, *facts);
+  std::ostream& out = *context.out;
+  if (json) {
+    WriteJson({{"config", ConfigJson(*options)},
+               {"warnings", options->warnings},
+               {"host", HostJson(*facts)},
+               {"checks", ChecksJson(clashes)}},
+              out);
+  } else {
+    PrintConfiguration(*options, out);
+    PrintHost(*facts, out);
+    PrintChecks(clashes, out);
+  }
+  context.exit_code = kExitOk;
+}
+
+}  // namespace
+
+void RegisterInfoCommand(CLI::App& app, CommandContext& context) {
+  CLI::App* info = app.add_subcommand("info", kInfoDescription);
+  info->footer(kInfoFooter);
+  // Owned by the callback, which CLI11 keeps as long as `app`.
+  auto json = std::make_shared<bool>(false);
+  info->add_flag("--json", *json,
+                 "Print one JSON object (config, warnings, host, checks) "
+                 "instead of tables");
+  info->callback([json, &context] { RunInfo(*json, context); });
+}
+
+}  // namespace tpushim::tools
