@@ -11,6 +11,7 @@ struct Case {
   uint64_t bytes;
   const char* text;
 };
+void PrintTo(const Case& c, std::ostream* os) { *os << c.bytes; }
 
 class HumanReadableBytesTest : public ::testing::TestWithParam<Case> {};
 
