@@ -1,0 +1,107 @@
+// PremappedRegion: the host region devices DMA to and from, mapped,
+// pre-faulted and pinned once at start-up (TPU_PREMAPPED_BUFFER_SIZE), and
+// the exact-size allocator over it.
+//
+// Start-up, in order, each step through the Os layer (so every call can be
+// made to fail) and each undone if a later one fails:
+//   1. checks before touching memory: the size against MemAvailable and the
+//      cgroup limit (RESOURCE_EXHAUSTED naming both numbers — pre-faulting
+//      must never get this process OOM-killed), the memlock limit without
+//      CAP_IPC_LOCK (WARNING, or RESOURCE_EXHAUSTED under
+//      TPUSHIM_MLOCK=required), huge pages asked for but not available;
+//   2. mmap, 4 KiB-aligned, or 2 MiB-aligned with huge pages
+//      (TPUSHIM_HUGEPAGES: auto = hugetlb if enough pages are reserved, else
+//      THP through MADV_HUGEPAGE if the kernel allows it, else 4 KiB);
+//   3. mbind to the NUMA node (TPUSHIM_NUMA_NODE; auto = the device's node,
+//      else the calling thread's) before any page is touched;
+//   4. pre-fault with TPUSHIM_PREFAULT_THREADS threads, each bound to the
+//      node's CPUs, using MADV_POPULATE_WRITE (a page-touch loop on kernels
+//      without it), logging progress about once a second;
+//   5. mlock per TPUSHIM_MLOCK (on: failure is a WARNING and the region
+//      stays unpinned; required: failure is an error; off: skipped).
+// It logs the start-up lines of CONTRACTS §2 with their exact wording.
+//
+// Destruction unpins and unmaps everything. REQUIRES: no allocation from
+// the region is used after the region is destroyed.
+//
+// Thread-safety: the object is immutable after Create except for its
+// allocator, which is thread-safe.
+//
+//   TPUSHIM_ASSIGN_OR_RETURN(std::unique_ptr<PremappedRegion> region,
+//                            PremappedRegion::Create(options, os, faults));
+//   if (region != nullptr) {  // null: TPU_PREMAPPED_BUFFER_SIZE=0
+//     TPUSHIM_ASSIGN_OR_RETURN(void* p, region->allocator().Allocate(n));
+//   }
+
+#ifndef TPUSHIM_ALLOCATOR_PREMAPPED_REGION_H_
+#define TPUSHIM_ALLOCATOR_PREMAPPED_REGION_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "allocator/region_allocator.h"
+#include "env/fault_injection.h"
+#include "env/options.h"
+#include "env/os.h"
+
+namespace tpushim {
+
+enum class PageKind { k4K, kThp, kHugetlb };
+// "4 KiB pages", "transparent huge pages", "hugetlb 2 MiB pages" (the
+// hugetlb size is the pool's).
+std::string PageKindDescription(PageKind kind, uint64_t page_bytes);
+// "4k", "thp", "hugetlb" (for JSON and stats).
+absl::string_view PageKindName(PageKind kind);
+
+class PremappedRegion {
+ public:
+  struct Stats {
+    RegionAllocator::Stats allocator;
+    PageKind page_kind = PageKind::k4K;
+    uint64_t page_bytes = 4096;
+    int numa_node = 0;
+    int prefault_threads = 0;
+    bool locked = false;  // mlock succeeded
+    absl::Duration startup_time;
+  };
+
+  // Maps, pre-faults and pins the region described by `options` and logs
+  // the start-up lines. Returns null (after logging "TPU premapped buffer
+  // disabled.") when the size is 0. `os` and `faults` (nullable) must
+  // outlive the region. `device_numa_node` is the node of the device the
+  // region serves, if known. On error nothing stays mapped or locked.
+  static absl::StatusOr<std::unique_ptr<PremappedRegion>> Create(
+      const Options& options, Os* os, FaultInjector* faults,
+      std::optional<int> device_numa_node = std::nullopt);
+
+  PremappedRegion(const PremappedRegion&) = delete;
+  PremappedRegion& operator=(const PremappedRegion&) = delete;
+  ~PremappedRegion();
+
+  void* base() const { return allocator_->base(); }
+  uint64_t size() const { return allocator_->capacity(); }
+  RegionAllocator& allocator() { return *allocator_; }
+  const RegionAllocator& allocator() const { return *allocator_; }
+
+  Stats GetStats() const;
+
+ private:
+  struct Mapping;
+  PremappedRegion(Os* os, void* mapping, uint64_t mapping_bytes,
+                  std::unique_ptr<RegionAllocator> allocator, Stats stats);
+
+  // Constant after construction.
+  Os* const os_;
+  void* const mapping_;  // what mmap returned after alignment trimming
+  const uint64_t mapping_bytes_;
+  std::unique_ptr<RegionAllocator> allocator_;
+  const Stats startup_stats_;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_ALLOCATOR_PREMAPPED_REGION_H_
