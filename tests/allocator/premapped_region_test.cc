@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <atomic>
 #include <cstring>
 #include <map>
 #include <string>
@@ -9,8 +10,11 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "logging/log.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim {
 
@@ -21,6 +25,7 @@ void PrintTo(HugePagesMode mode, std::ostream* os) {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
@@ -112,6 +117,98 @@ TEST(PremappedRegionTest, MapsPrefaultsAndPinsTheRegion) {
   region->reset();
   EXPECT_EQ(os.mapped_bytes(), 0u);
   EXPECT_EQ(os.locked_bytes(), 0u);
+}
+
+// The lines after `from` in `text`, each of `expected` found in order.
+void ExpectInOrder(const std::string& text,
+                   const std::vector<std::string>& expected) {
+  size_t at = 0;
+  for (const std::string& e : expected) {
+    const size_t found = text.find(e, at);
+    ASSERT_NE(found, std::string::npos)
+        << "missing (in order): " << e << "\nlog:\n" << text;
+    at = found + e.size();
+  }
+}
+
+class ScopedTestLogging {
+ public:
+  ScopedTestLogging() {
+    logging::LogConfig config;
+    config.log_dir = dir_.path();
+    config.stderr_level = logging::Severity::kFatal;
+    EXPECT_TRUE(logging::InitLogging(config).ok());
+  }
+  ~ScopedTestLogging() { logging::ShutdownLogging(); }
+  std::string InfoFile() {
+    EXPECT_TRUE(logging::FlushLogs());
+    return testutil::ReadFileOrEmpty(dir_.Join("tpu_driver.INFO"));
+  }
+
+ private:
+  testutil::TempDir dir_;
+};
+
+TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
+  ScopedTestLogging logs;
+  FakeHostOs host(Os::Default());
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(Resolve(host, Size(8 * kMiB)), &host, nullptr);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const PremappedRegion::Stats stats = (*region)->GetStats();
+  ExpectInOrder(
+      logs.InfoFile(),
+      {"] TPU premapped buffer enabled. Size: 8388608 Threshold: 8388608\n",
+       absl::StrCat("] Creating numa aware allocators, number of NUMA nodes ",
+                    host.NumaNodeCount(), "\n"),
+       "] Starting premapped memory manager initialization...\n",
+       "] Premapped buffer is using alignment 64\n",
+       "] mlock()-ed 8388608 bytes\n",
+       "] Done premapping memory of size 8388608 in ",
+       absl::StrCat("s (", PageKindDescription(stats.page_kind,
+                                               stats.page_bytes),
+                    ", ", stats.prefault_threads, " threads, NUMA node ",
+                    stats.numa_node, ")\n"),
+       "] Done allocating premapped memory of size 8388608\n"});
+}
+
+TEST(PremappedRegionTest, LogsDisabledWhenTheSizeIsZero) {
+  ScopedTestLogging logs;
+  FakeHostOs host(Os::Default());
+  ASSERT_TRUE(
+      PremappedRegion::Create(Resolve(host, Size(0)), &host, nullptr).ok());
+  const std::string info = logs.InfoFile();
+  ExpectInOrder(info, {"] TPU premapped buffer disabled.\n",
+                       "] Creating numa aware allocators, number of NUMA "
+                       "nodes "});
+  EXPECT_THAT(info, Not(HasSubstr("Starting premapped memory manager")));
+}
+
+// A pre-fault that takes longer than a second reports its progress.
+class SlowPopulateOs : public FakeHostOs {
+ public:
+  using FakeHostOs::FakeHostOs;
+  absl::Status Madvise(void* addr, size_t length, int advice) override {
+    if (advice == MADV_POPULATE_WRITE && !slept_.exchange(true)) {
+      absl::SleepFor(absl::Milliseconds(1500));
+    }
+    return FakeHostOs::Madvise(addr, length, advice);
+  }
+
+ private:
+  std::atomic<bool> slept_{false};
+};
+
+TEST(PremappedRegionTest, ReportsProgressWhilePrefaulting) {
+  ScopedTestLogging logs;
+  SlowPopulateOs host(Os::Default());
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(Resolve(host, Size(8 * kMiB)), &host, nullptr);
+  ASSERT_TRUE(region.ok()) << region.status();
+  ExpectInOrder(logs.InfoFile(),
+                {"] Premapped buffer is using alignment 64\n",
+                 "] Premapping memory: ", " of 8388608 bytes (",
+                 "%)\n", "] Done premapping memory of size 8388608"});
 }
 
 TEST(PremappedRegionTest, SizeZeroIsNoRegion) {

@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "logging/log.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim {
 
@@ -65,6 +68,56 @@ TEST(RegionAllocatorTest, FailsWithLibtpuMessageWhenFull) {
                          "possible. There are 6.43M free."));
   EXPECT_EQ(allocator.GetStats().failures, 1u);
   ExpectConsistent(allocator);
+}
+
+// Logs to a fresh directory for the length of a test.
+class ScopedTestLogging {
+ public:
+  ScopedTestLogging() {
+    logging::LogConfig config;
+    config.log_dir = dir_.path();
+    config.stderr_level = logging::Severity::kFatal;
+    EXPECT_TRUE(logging::InitLogging(config).ok());
+  }
+  ~ScopedTestLogging() { logging::ShutdownLogging(); }
+
+  // The contents of tpu_driver.<severity> once everything is written.
+  std::string File(absl::string_view severity) {
+    EXPECT_TRUE(logging::FlushLogs());
+    return testutil::ReadFileOrEmpty(
+        dir_.Join(absl::StrCat("tpu_driver.", severity)));
+  }
+
+ private:
+  testutil::TempDir dir_;
+};
+
+TEST(RegionAllocatorTest, LogsTheFailureAtErrorExactlyAsLibtpu) {
+  ScopedTestLogging logs;
+  TestRegion region(16 * kMiB);
+  RegionAllocator allocator(region.base(), region.size(), {});
+  ASSERT_TRUE(allocator.Allocate(region.size() - 6584 * 1024).ok());
+  ASSERT_FALSE(allocator.Allocate(8 * kMiB).ok());
+  const std::string errors = logs.File("ERROR");
+  EXPECT_THAT(errors,
+              HasSubstr("] Allocating buffer from premapped region failed "
+                        "with: RESOURCE_EXHAUSTED: Attempting to allocate "
+                        "8.00M. That was not possible. There are 6.43M "
+                        "free."));
+  EXPECT_THAT(logs.File("INFO"), Not(HasSubstr("Premapped region dump")));
+}
+
+TEST(RegionAllocatorTest, DumpOnOomLogsTheAllocatorState) {
+  ScopedTestLogging logs;
+  TestRegion region(kMiB);
+  RegionAllocator allocator(region.base(), region.size(),
+                            {.dump_on_oom = true});
+  ASSERT_TRUE(allocator.Allocate(kMiB / 2).ok());
+  ASSERT_FALSE(allocator.Allocate(kMiB).ok());
+  const std::string info = logs.File("INFO");
+  EXPECT_THAT(info, HasSubstr("Premapped region dump: 1.00M"));
+  EXPECT_THAT(info, HasSubstr("largest free blocks: 512.0K"));
+  EXPECT_THAT(info, HasSubstr(std::string(50, '#') + std::string(50, '.')));
 }
 
 TEST(RegionAllocatorTest, OutOfMemoryDetailsFollowTheLibtpuText) {

@@ -11,6 +11,7 @@
 #include "absl/strings/match.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim {
 namespace {
@@ -284,9 +285,8 @@ TEST(FaultInjectingOsTest, InjectedMlockAndPinLockNothing) {
 TEST(FaultInjectingOsTest, InjectedLogOpenIsPermissionDenied) {
   FaultInjector injector = MakeInjector("log_open:nth=1");
   FaultInjectingOs os(Os::Default(), &injector);
-  char dir_template[] = "/tmp/tpushim_fault_test.XXXXXX";
-  ASSERT_NE(mkdtemp(dir_template), nullptr);
-  const std::string path = std::string(dir_template) + "/f";
+  testutil::TempDir dir;
+  const std::string path = dir.Join("f");
   absl::StatusOr<int> fd = os.CreateLogFile(path);
   EXPECT_EQ(fd.status().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(os.open_files(), 0u);
@@ -295,8 +295,6 @@ TEST(FaultInjectingOsTest, InjectedLogOpenIsPermissionDenied) {
   EXPECT_EQ(os.open_files(), 1u);
   ASSERT_TRUE(os.Close(*fd).ok());
   EXPECT_EQ(os.open_files(), 0u);
-  ASSERT_TRUE(os.Unlink(path).ok());
-  ASSERT_EQ(rmdir(dir_template), 0);
 }
 
 TEST(FaultInjectingOsTest, NumaPointCoversBindAndRunOnNode) {

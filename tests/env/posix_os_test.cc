@@ -13,31 +13,12 @@
 #include "env/os.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim {
 namespace {
 
-class TempDir {
- public:
-  TempDir() {
-    char tmpl[] = "/tmp/tpushim_os_test.XXXXXX";
-    path_ = mkdtemp(tmpl);
-  }
-  ~TempDir() {
-    absl::StatusOr<std::vector<std::string>> names =
-        Os::Default()->ListDirectory(path_);
-    if (names.ok()) {
-      for (const std::string& name : *names) {
-        unlink((path_ + "/" + name).c_str());
-      }
-    }
-    rmdir(path_.c_str());
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::tpushim::testutil::TempDir;
 
 TEST(PosixOsTest, MapAdviseLockAndUnmap) {
   Os* os = Os::Default();

@@ -21,26 +21,6 @@
 
 namespace tpushim::logging::log_test {
 
-TempDir::TempDir() {
-  char pattern[] = "/tmp/tpushim_log_test_XXXXXX";
-  const char* made = mkdtemp(pattern);
-  if (made == nullptr) {
-    ADD_FAILURE() << "mkdtemp: " << strerror(errno);
-    return;
-  }
-  path_ = made;
-}
-
-TempDir::~TempDir() {
-  if (path_.empty()) return;
-  std::error_code ignored;
-  std::filesystem::remove_all(path_, ignored);
-}
-
-std::string TempDir::Join(absl::string_view name) const {
-  return absl::StrCat(path_, "/", name);
-}
-
 StderrCapture::StderrCapture() {
   char pattern[] = "/tmp/tpushim_stderr_XXXXXX";
   const int fd = mkstemp(pattern);

@@ -26,6 +26,7 @@
 #include "absl/time/time.h"
 #include "env/os.h"
 #include "logging/log.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim::logging::log_test {
 
@@ -61,21 +62,7 @@ class Regex {
   bool compiled_ = false;
 };
 
-// A fresh directory made with mkdtemp under /tmp; removed with everything
-// in it on destruction.
-class TempDir {
- public:
-  TempDir();
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  ~TempDir();
-
-  const std::string& path() const { return path_; }
-  std::string Join(absl::string_view name) const;
-
- private:
-  std::string path_;
-};
+using ::tpushim::testutil::TempDir;
 
 // Points fd 2 at a temporary file for its lifetime (dup/dup2), restoring
 // the original stderr on destruction.

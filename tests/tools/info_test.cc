@@ -15,7 +15,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tests/tools/subprocess.h"
+#include "tests/testing/subprocess.h"
 
 namespace tpushim {
 namespace {

@@ -1,6 +1,6 @@
 // Tests of the subprocess helper the tool tests are built on.
 
-#include "tests/tools/subprocess.h"
+#include "tests/testing/subprocess.h"
 
 #include <signal.h>
 

@@ -1,4 +1,4 @@
-#include "tests/tools/subprocess.h"
+#include "tests/testing/subprocess.h"
 
 #include <errno.h>
 #include <fcntl.h>

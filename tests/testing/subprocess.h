@@ -15,8 +15,8 @@
 //
 // Thread-safety: thread-safe; each call owns its child and pipes.
 
-#ifndef TPUSHIM_TESTS_TOOLS_SUBPROCESS_H_
-#define TPUSHIM_TESTS_TOOLS_SUBPROCESS_H_
+#ifndef TPUSHIM_TESTS_TESTING_SUBPROCESS_H_
+#define TPUSHIM_TESTS_TESTING_SUBPROCESS_H_
 
 #include <string>
 #include <vector>
@@ -50,4 +50,4 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
 
 }  // namespace tpushim::testutil
 
-#endif  // TPUSHIM_TESTS_TOOLS_SUBPROCESS_H_
+#endif  // TPUSHIM_TESTS_TESTING_SUBPROCESS_H_
