@@ -339,20 +339,15 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
                  << ": " << bound << "; its pages go where the kernel puts them";
   }
 
-  // 4. Pre-fault.
-  Prefaulter prefaulter(*os, static_cast<char*>(range.start), range.length,
-                        range.plan.page_bytes, node);
-  const int threads = prefaulter.ThreadsFor(
-      options.EffectivePrefaultThreads(os->OnlineCpuCount()));
-  TPUSHIM_RETURN_IF_ERROR(prefaulter.Run(threads));
-
-  // 5. Pin.
+  // 4. Pin: lock on fault, so the pre-fault threads lock each page as they
+  // populate it; a separate mlock() pass after pre-faulting would walk the
+  // whole region again on one thread (0.4 s for 4 GiB of THP here).
   bool locked = false;
   if (try_mlock) {
-    absl::Status pinned = os->Mlock(range.start, range.length);
+    absl::Status pinned =
+        os->Mlock(range.start, range.length, Os::LockWhen::kOnFault);
     if (pinned.ok()) {
       locked = true;
-      LOG(INFO) << "mlock()-ed " << range.length << " bytes";
     } else if (mlock_mode == MlockMode::kRequired) {
       return pinned;
     } else {
@@ -364,6 +359,14 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   absl::Cleanup unlock = [&] {
     if (locked) (void)os->Munlock(range.start, range.length);
   };
+
+  // 5. Pre-fault.
+  Prefaulter prefaulter(*os, static_cast<char*>(range.start), range.length,
+                        range.plan.page_bytes, node);
+  const int threads = prefaulter.ThreadsFor(
+      options.EffectivePrefaultThreads(os->OnlineCpuCount()));
+  TPUSHIM_RETURN_IF_ERROR(prefaulter.Run(threads));
+  if (locked) LOG(INFO) << "mlock()-ed " << range.length << " bytes";
 
   const absl::Duration elapsed =
       absl::Nanoseconds(os->MonotonicNanos() - start_ns);

@@ -14,11 +14,13 @@
 //      THP through MADV_HUGEPAGE if the kernel allows it, else 4 KiB);
 //   3. mbind to the NUMA node (TPUSHIM_NUMA_NODE; auto = the device's node,
 //      else the calling thread's) before any page is touched;
-//   4. pre-fault with TPUSHIM_PREFAULT_THREADS threads, each bound to the
+//   4. mlock per TPUSHIM_MLOCK, as MLOCK_ONFAULT so that the pre-fault
+//      threads lock the pages as they populate them (on: failure is a
+//      WARNING and the region stays unpinned; required: failure is an
+//      error; off: skipped);
+//   5. pre-fault with TPUSHIM_PREFAULT_THREADS threads, each bound to the
 //      node's CPUs, using MADV_POPULATE_WRITE (a page-touch loop on kernels
-//      without it), logging progress about once a second;
-//   5. mlock per TPUSHIM_MLOCK (on: failure is a WARNING and the region
-//      stays unpinned; required: failure is an error; off: skipped).
+//      without it), logging progress about once a second.
 // It logs the start-up lines of CONTRACTS §2 with their exact wording.
 //
 // Destruction unpins and unmaps everything. REQUIRES: no allocation from

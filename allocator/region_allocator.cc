@@ -39,7 +39,7 @@ RegionAllocator::RegionAllocator(void* base, uint64_t capacity, Config config)
                                        : std::min(config.threshold, capacity_)),
       dump_on_oom_(config.dump_on_oom),
       faults_(config.faults) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   for (auto& row : free_heads_) row.fill(kNil);
   const uint32_t whole = NewBlock();
   blocks_[whole].offset = 0;
@@ -172,7 +172,7 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
 
   if (size > threshold_) {
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       ++failures_;
     }
     std::string hint =
@@ -202,7 +202,7 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
         FaultPoint::kAlloc, [&] { return OutOfMemory(size, alignment); });
     if (!injected.ok()) {
       {
-        absl::MutexLock lock(&mu_);
+        MutexLock lock(&mu_);
         ++failures_;
       }
       LOG(ERROR) << "Allocating buffer from premapped region failed with: "
@@ -214,7 +214,7 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
 
   void* result = nullptr;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     uint32_t b = search > capacity_ ? kNil : FindFree(search);
     if (b != kNil) {
       RemoveFree(b);
@@ -263,7 +263,7 @@ absl::Status RegionAllocator::Free(void* ptr) {
   }
   const uint64_t offset = reinterpret_cast<uintptr_t>(ptr) - base_;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = live_.find(offset);
     if (it != live_.end()) {
       uint32_t b = it->second;
@@ -304,7 +304,7 @@ absl::Status RegionAllocator::Free(void* ptr) {
 
 uint64_t RegionAllocator::AllocationSize(const void* ptr) const {
   if (!Contains(ptr, 1)) return 0;
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   auto it = live_.find(reinterpret_cast<uintptr_t>(ptr) - base_);
   return it == live_.end() ? 0 : blocks_[it->second].size;
 }
@@ -328,7 +328,7 @@ RegionAllocator::Snapshot RegionAllocator::TakeSnapshot() const {
 absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
   Snapshot s;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     s = TakeSnapshot();
   }
   const double fragmentation =
@@ -361,7 +361,7 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
 }
 
 RegionAllocator::Stats RegionAllocator::GetStats() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   Stats stats;
   stats.capacity_bytes = capacity_;
   stats.threshold_bytes = threshold_;
@@ -383,7 +383,7 @@ RegionAllocator::Stats RegionAllocator::GetStats() const {
 }
 
 void RegionAllocator::ResetPeak() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   peak_bytes_in_use_ = bytes_in_use_;
 }
 
@@ -391,7 +391,7 @@ std::string RegionAllocator::DebugDump() const {
   // Copy the block list under the lock; format without it.
   std::vector<Block> blocks;
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     blocks.reserve(live_.size() + free_block_count_);
     for (uint32_t b = 0; b != kNil; b = blocks_[b].next_phys) {
       blocks.push_back(blocks_[b]);

@@ -26,7 +26,7 @@
 // Free of a pointer that is not a live allocation (foreign pointer, double
 // free) are INVALID_ARGUMENT and change nothing.
 //
-// Thread-safety: all methods are thread-safe. One absl::Mutex guards the
+// Thread-safety: all methods are thread-safe. One Mutex guards the
 // free lists; the critical sections are a few bitmap operations and one
 // hash-map update, and nothing slow (logging, formatting, system calls)
 // runs under it. Contains() takes no lock.
@@ -48,7 +48,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "env/fault_injection.h"
 
 namespace tpushim {
@@ -156,11 +156,11 @@ class RegionAllocator {
   uint32_t FindFree(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits `b` so that it is exactly `size` bytes; the rest becomes free.
   void SplitTail(uint32_t b, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  uint64_t LargestFreeLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
-  Snapshot TakeSnapshot() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Snapshot TakeSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OutOfMemory(uint64_t size, size_t alignment);
   // Walks every block and free list; INTERNAL naming the first defect.
-  absl::Status CheckInvariantsLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   friend class RegionAllocatorTestPeer;
 
@@ -171,7 +171,7 @@ class RegionAllocator {
   const bool dump_on_oom_;
   FaultInjector* const faults_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   // Protected by mu_.
   std::vector<Block> blocks_ ABSL_GUARDED_BY(mu_);
   std::vector<uint32_t> spare_blocks_ ABSL_GUARDED_BY(mu_);

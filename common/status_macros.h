@@ -4,7 +4,7 @@
 // are tpushim's, the only ones in the tree.
 //
 //   absl::Status Start() {
-//     TPUSHIM_RETURN_IF_ERROR(os->Mlock(addr, len));
+//     TPUSHIM_RETURN_IF_ERROR(os->Munmap(addr, len));
 //     TPUSHIM_ASSIGN_OR_RETURN(void* p, os->Mmap(...));
 //     TPUSHIM_ASSIGN_OR_RETURN(auto facts, ReadHostFacts(*os));
 //     ...

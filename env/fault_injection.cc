@@ -392,13 +392,14 @@ absl::Status FaultInjectingOs::Madvise(void* addr, size_t length,
   return OsWrapper::Madvise(addr, length, advice);
 }
 
-absl::Status FaultInjectingOs::Mlock(const void* addr, size_t length) {
+absl::Status FaultInjectingOs::Mlock(const void* addr, size_t length,
+                                     LockWhen when) {
   if (faults_ != nullptr) {
     absl::Status injected = faults_->Check(
         FaultPoint::kMlock, [&] { return RealOsFailure(ENOMEM, "mlock"); });
     if (!injected.ok()) return injected;
   }
-  absl::Status status = OsWrapper::Mlock(addr, length);
+  absl::Status status = OsWrapper::Mlock(addr, length, when);
   if (status.ok()) {
     absl::MutexLock lock(&mu_);
     Add(locked_, addr, length);

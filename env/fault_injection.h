@@ -171,7 +171,8 @@ class FaultInjectingOs : public OsWrapper {
                              int fd, off_t offset) override;
   absl::Status Munmap(void* addr, size_t length) override;
   absl::Status Madvise(void* addr, size_t length, int advice) override;
-  absl::Status Mlock(const void* addr, size_t length) override;
+  absl::Status Mlock(const void* addr, size_t length,
+                     LockWhen when) override;
   absl::Status Munlock(const void* addr, size_t length) override;
   absl::Status PinRange(const void* addr, size_t length) override;
   absl::Status UnpinRange(const void* addr, size_t length) override;

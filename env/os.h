@@ -74,8 +74,15 @@ class Os {
   // an advice the kernel does not know comes back as INVALID_ARGUMENT, which
   // callers use to detect old kernels.
   virtual absl::Status Madvise(void* addr, size_t length, int advice) = 0;
-  // mlock(2)/munlock(2) of the premapped region (fault point `mlock`).
-  virtual absl::Status Mlock(const void* addr, size_t length) = 0;
+  // When mlock'ed pages are locked: kNow faults them all in first
+  // (mlock(2)); kOnFault marks the range so each page is locked as it is
+  // first touched (mlock2(MLOCK_ONFAULT), Linux 4.4), which lets several
+  // threads pre-fault a locked range instead of one mlock() pass.
+  enum class LockWhen { kNow, kOnFault };
+  // mlock(2)/mlock2(2) and munlock(2) of the premapped region (fault point
+  // `mlock`). The memlock limit is charged for the whole range at once.
+  virtual absl::Status Mlock(const void* addr, size_t length,
+                             LockWhen when) = 0;
   virtual absl::Status Munlock(const void* addr, size_t length) = 0;
   // Pins, then unpins, a caller's range for the length of one transfer
   // (fault point `pin`). The POSIX implementation uses mlock/munlock on the
@@ -175,8 +182,9 @@ class OsWrapper : public Os {
   absl::Status Madvise(void* addr, size_t length, int advice) override {
     return target_->Madvise(addr, length, advice);
   }
-  absl::Status Mlock(const void* addr, size_t length) override {
-    return target_->Mlock(addr, length);
+  absl::Status Mlock(const void* addr, size_t length,
+                     LockWhen when) override {
+    return target_->Mlock(addr, length, when);
   }
   absl::Status Munlock(const void* addr, size_t length) override {
     return target_->Munlock(addr, length);

@@ -95,7 +95,16 @@ class PosixOs final : public Os {
     return absl::OkStatus();
   }
 
-  absl::Status Mlock(const void* addr, size_t length) override {
+  absl::Status Mlock(const void* addr, size_t length,
+                     LockWhen when) override {
+    if (when == LockWhen::kOnFault) {
+      if (mlock2(addr, length, MLOCK_ONFAULT) != 0) {
+        return ErrnoStatus(errno, absl::StrCat("mlock2(",
+                                               PtrArgs(addr, length),
+                                               ", MLOCK_ONFAULT)"));
+      }
+      return absl::OkStatus();
+    }
     if (mlock(addr, length) != 0) {
       return ErrnoStatus(errno, absl::StrCat("mlock(", PtrArgs(addr, length),
                                              ")"));

@@ -65,9 +65,10 @@ class FakeHostOs : public OsWrapper {
     ++mmap_calls;
     return OsWrapper::Mmap(addr, length, prot, flags, fd, offset);
   }
-  absl::Status Mlock(const void* addr, size_t length) override {
+  absl::Status Mlock(const void* addr, size_t length,
+                     LockWhen when) override {
     ++mlock_calls;
-    return OsWrapper::Mlock(addr, length);
+    return OsWrapper::Mlock(addr, length, when);
   }
   absl::Status Madvise(void* addr, size_t length, int advice) override {
     if (advice == MADV_POPULATE_WRITE && madvise_populate_unsupported) {

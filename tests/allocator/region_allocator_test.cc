@@ -22,7 +22,7 @@ namespace tpushim {
 class RegionAllocatorTestPeer {
  public:
   static absl::Status CheckInvariants(const RegionAllocator& allocator) {
-    absl::MutexLock lock(&allocator.mu_);
+    MutexLock lock(&allocator.mu_);
     return allocator.CheckInvariantsLocked();
   }
 };

@@ -250,7 +250,7 @@ TEST(FaultInjectingOsTest, TracksPartialUnmapsAndLocks) {
   absl::StatusOr<void*> p = MapAnon(os, 8 * kPage);
   ASSERT_TRUE(p.ok());
   char* base = static_cast<char*>(*p);
-  ASSERT_TRUE(os.Mlock(base + 2 * kPage, 4 * kPage).ok());
+  ASSERT_TRUE(os.Mlock(base + 2 * kPage, 4 * kPage, Os::LockWhen::kNow).ok());
   EXPECT_EQ(os.locked_bytes(), 4 * kPage);
   ASSERT_TRUE(os.Munlock(base + 2 * kPage, kPage).ok());
   EXPECT_EQ(os.locked_bytes(), 3 * kPage);
@@ -269,7 +269,8 @@ TEST(FaultInjectingOsTest, InjectedMlockAndPinLockNothing) {
   FaultInjectingOs os(Os::Default(), &injector);
   absl::StatusOr<void*> p = MapAnon(os, 2 * kPage);
   ASSERT_TRUE(p.ok());
-  EXPECT_EQ(os.Mlock(*p, kPage).code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(os.Mlock(*p, kPage, Os::LockWhen::kOnFault).code(),
+            absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(os.locked_bytes(), 0u);
   EXPECT_EQ(os.PinRange(*p, 100).code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(os.pinned_bytes(), 0u);
@@ -314,7 +315,7 @@ absl::Status MiniStartup(Os& os) {
   absl::StatusOr<void*> p = MapAnon(os, 4 * kPage);
   if (!p.ok()) return p.status();
   absl::Status s = os.Madvise(*p, 4 * kPage, MADV_NORMAL);
-  if (s.ok()) s = os.Mlock(*p, 4 * kPage);
+  if (s.ok()) s = os.Mlock(*p, 4 * kPage, Os::LockWhen::kNow);
   if (s.ok()) s = os.Munlock(*p, 4 * kPage);
   const absl::Status unmap = os.Munmap(*p, 4 * kPage);
   return s.ok() ? unmap : s;

@@ -27,9 +27,12 @@ TEST(PosixOsTest, MapAdviseLockAndUnmap) {
                                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_TRUE(os->Madvise(*p, len, MADV_WILLNEED).ok());
-  ASSERT_TRUE(os->Mlock(*p, os->PageSize()).ok());
+  ASSERT_TRUE(os->Mlock(*p, os->PageSize(), Os::LockWhen::kNow).ok());
   ASSERT_TRUE(os->Munlock(*p, os->PageSize()).ok());
+  // Locked as the pages are touched.
+  ASSERT_TRUE(os->Mlock(*p, len, Os::LockWhen::kOnFault).ok());
   std::memset(*p, 0xab, len);
+  ASSERT_TRUE(os->Munlock(*p, len).ok());
   ASSERT_TRUE(os->Munmap(*p, len).ok());
 }
 
