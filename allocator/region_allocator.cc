@@ -140,8 +140,7 @@ uint32_t RegionAllocator::FindFree(uint64_t size) {
   return free_heads_[fl][std::countr_zero(sl_map)];
 }
 
-void RegionAllocator::SplitTail(uint32_t b, uint64_t size) {
-  if (blocks_[b].size - size < kUnit) return;
+uint32_t RegionAllocator::SplitAt(uint32_t b, uint64_t size) {
   const uint32_t rest = NewBlock();
   Block& block = blocks_[b];  // NewBlock may have moved blocks_
   Block& tail = blocks_[rest];
@@ -152,7 +151,7 @@ void RegionAllocator::SplitTail(uint32_t b, uint64_t size) {
   if (block.next_phys != kNil) blocks_[block.next_phys].prev_phys = rest;
   block.next_phys = rest;
   block.size = size;
-  InsertFree(rest);
+  return rest;
 }
 
 absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
@@ -223,20 +222,11 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
       if (pad > 0) {
         // The block keeps the leading pad, which goes back to the free
         // lists; the aligned remainder becomes the allocation.
-        const uint32_t aligned = NewBlock();
-        Block& lead = blocks_[b];
-        Block& body = blocks_[aligned];
-        body.offset = lead.offset + pad;
-        body.size = lead.size - pad;
-        body.prev_phys = b;
-        body.next_phys = lead.next_phys;
-        if (lead.next_phys != kNil) blocks_[lead.next_phys].prev_phys = aligned;
-        lead.next_phys = aligned;
-        lead.size = pad;
+        const uint32_t aligned = SplitAt(b, pad);
         InsertFree(b);
         b = aligned;
       }
-      SplitTail(b, rounded);
+      if (blocks_[b].size - rounded >= kUnit) InsertFree(SplitAt(b, rounded));
       live_.emplace(blocks_[b].offset, b);
       bytes_in_use_ += blocks_[b].size;
       peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);

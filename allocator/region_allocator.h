@@ -154,8 +154,10 @@ class RegionAllocator {
   void RemoveFree(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free block of at least `size` bytes, or kNil.
   uint32_t FindFree(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Splits `b` so that it is exactly `size` bytes; the rest becomes free.
-  void SplitTail(uint32_t b, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Splits `b` after its first `size` bytes and returns the new block
+  // holding the rest, which is in no free list yet.
+  // REQUIRES: 0 < size < blocks_[b].size, both multiples of 64.
+  uint32_t SplitAt(uint32_t b, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot TakeSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OutOfMemory(uint64_t size, size_t alignment);

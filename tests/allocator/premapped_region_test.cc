@@ -13,8 +13,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "logging/log.h"
-#include "tests/testing/temp_dir.h"
+#include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
 
@@ -120,7 +119,7 @@ TEST(PremappedRegionTest, MapsPrefaultsAndPinsTheRegion) {
   EXPECT_EQ(os.locked_bytes(), 0u);
 }
 
-// The lines after `from` in `text`, each of `expected` found in order.
+// Each of `expected` found in `text`, in this order.
 void ExpectInOrder(const std::string& text,
                    const std::vector<std::string>& expected) {
   size_t at = 0;
@@ -132,23 +131,7 @@ void ExpectInOrder(const std::string& text,
   }
 }
 
-class ScopedTestLogging {
- public:
-  ScopedTestLogging() {
-    logging::LogConfig config;
-    config.log_dir = dir_.path();
-    config.stderr_level = logging::Severity::kFatal;
-    EXPECT_TRUE(logging::InitLogging(config).ok());
-  }
-  ~ScopedTestLogging() { logging::ShutdownLogging(); }
-  std::string InfoFile() {
-    EXPECT_TRUE(logging::FlushLogs());
-    return testutil::ReadFileOrEmpty(dir_.Join("tpu_driver.INFO"));
-  }
-
- private:
-  testutil::TempDir dir_;
-};
+using testutil::ScopedTestLogging;
 
 TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
   ScopedTestLogging logs;
@@ -158,7 +141,7 @@ TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
   ASSERT_TRUE(region.ok()) << region.status();
   const PremappedRegion::Stats stats = (*region)->GetStats();
   ExpectInOrder(
-      logs.InfoFile(),
+      logs.File("INFO"),
       {"] TPU premapped buffer enabled. Size: 8388608 Threshold: 8388608\n",
        absl::StrCat("] Creating numa aware allocators, number of NUMA nodes ",
                     host.NumaNodeCount(), "\n"),
@@ -178,7 +161,7 @@ TEST(PremappedRegionTest, LogsDisabledWhenTheSizeIsZero) {
   FakeHostOs host(Os::Default());
   ASSERT_TRUE(
       PremappedRegion::Create(Resolve(host, Size(0)), &host, nullptr).ok());
-  const std::string info = logs.InfoFile();
+  const std::string info = logs.File("INFO");
   ExpectInOrder(info, {"] TPU premapped buffer disabled.\n",
                        "] Creating numa aware allocators, number of NUMA "
                        "nodes "});
@@ -206,7 +189,7 @@ TEST(PremappedRegionTest, ReportsProgressWhilePrefaulting) {
   absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
       PremappedRegion::Create(Resolve(host, Size(8 * kMiB)), &host, nullptr);
   ASSERT_TRUE(region.ok()) << region.status();
-  ExpectInOrder(logs.InfoFile(),
+  ExpectInOrder(logs.File("INFO"),
                 {"] Premapped buffer is using alignment 64\n",
                  "] Premapping memory: ", " of 8388608 bytes (",
                  "%)\n", "] Done premapping memory of size 8388608"});

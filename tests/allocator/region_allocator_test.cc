@@ -14,8 +14,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "logging/log.h"
-#include "tests/testing/temp_dir.h"
+#include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
 
@@ -70,27 +69,7 @@ TEST(RegionAllocatorTest, FailsWithLibtpuMessageWhenFull) {
   ExpectConsistent(allocator);
 }
 
-// Logs to a fresh directory for the length of a test.
-class ScopedTestLogging {
- public:
-  ScopedTestLogging() {
-    logging::LogConfig config;
-    config.log_dir = dir_.path();
-    config.stderr_level = logging::Severity::kFatal;
-    EXPECT_TRUE(logging::InitLogging(config).ok());
-  }
-  ~ScopedTestLogging() { logging::ShutdownLogging(); }
-
-  // The contents of tpu_driver.<severity> once everything is written.
-  std::string File(absl::string_view severity) {
-    EXPECT_TRUE(logging::FlushLogs());
-    return testutil::ReadFileOrEmpty(
-        dir_.Join(absl::StrCat("tpu_driver.", severity)));
-  }
-
- private:
-  testutil::TempDir dir_;
-};
+using testutil::ScopedTestLogging;
 
 TEST(RegionAllocatorTest, LogsTheFailureAtErrorExactlyAsLibtpu) {
   ScopedTestLogging logs;
