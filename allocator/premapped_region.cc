@@ -46,8 +46,8 @@ struct PagePlan {
 PagePlan ChoosePages(HugePagesMode mode, const HostFacts& facts,
                      uint64_t size) {
   const std::optional<HostFacts::HugePagePool> pool = facts.PoolFor(size);
-  const bool thp = facts.thp_enabled == "always" ||
-                   facts.thp_enabled == "madvise";
+  const bool thp =
+      facts.thp_enabled == "always" || facts.thp_enabled == "madvise";
   switch (mode) {
     case HugePagesMode::kOff:
       return PagePlan{};
@@ -79,10 +79,9 @@ absl::StatusOr<MappedRange> MapRegion(Os& os, uint64_t bytes, PagePlan plan,
   if (plan.kind == PageKind::kHugetlb) {
     const uint64_t length = RoundUp(bytes, plan.page_bytes);
     const int shift = std::countr_zero(plan.page_bytes);
-    absl::StatusOr<void*> p = os.Mmap(nullptr, length, prot,
-                                      flags | MAP_HUGETLB |
-                                          (shift << MAP_HUGE_SHIFT),
-                                      -1, 0);
+    absl::StatusOr<void*> p =
+        os.Mmap(nullptr, length, prot,
+                flags | MAP_HUGETLB | (shift << MAP_HUGE_SHIFT), -1, 0);
     if (p.ok()) return MappedRange{*p, length, plan};
     if (mode != HugePagesMode::kAuto) return p.status();
     LOG(INFO) << "hugetlb mapping failed (" << p.status()
@@ -132,8 +131,8 @@ class Prefaulter {
       : os_(os),
         base_(base),
         length_(length),
-        chunk_(std::max(granule, std::min(kPrefaultChunk,
-                                          RoundUp(length / 8, granule)))),
+        chunk_(std::max(
+            granule, std::min(kPrefaultChunk, RoundUp(length / 8, granule)))),
         node_(node) {}
 
   // Number of threads worth starting for `requested`.
@@ -286,8 +285,7 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   LOG(INFO) << "TPU premapped buffer enabled. Size: " << size
             << " Threshold: " << threshold;
   const int nodes = os->NumaNodeCount();
-  LOG(INFO) << "Creating numa aware allocators, number of NUMA nodes "
-            << nodes;
+  LOG(INFO) << "Creating numa aware allocators, number of NUMA nodes " << nodes;
 
   // 1. Checks before touching memory.
   TPUSHIM_ASSIGN_OR_RETURN(HostFacts facts, ReadHostFacts(*os));
@@ -300,9 +298,9 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
     if (clash.check == HostClash::Check::kMemlock) try_mlock = false;
   }
   const std::optional<int>& explicit_node = options.numa_node.value;
-  int node = explicit_node ? *explicit_node
-                           : device_numa_node.value_or(
-                                 os->NumaNodeOfCurrentCpu());
+  int node = explicit_node
+                 ? *explicit_node
+                 : device_numa_node.value_or(os->NumaNodeOfCurrentCpu());
   // With several nodes, binding to one that cannot hold the region would
   // end in the OOM killer.
   bool bind = true;
@@ -326,17 +324,19 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
             << RegionAllocator::kAlignment;
 
   // 2. Map.
-  TPUSHIM_ASSIGN_OR_RETURN(
-      MappedRange range, MapRegion(*os, size, plan, options.hugepages.value));
+  TPUSHIM_ASSIGN_OR_RETURN(MappedRange range,
+                           MapRegion(*os, size, plan, options.hugepages.value));
   absl::Cleanup unmap = [&] { (void)os->Munmap(range.start, range.length); };
 
   // 3. Bind before the first touch.
-  absl::Status bound = bind ? os->NumaBindMemory(range.start, range.length, node)
-                            : absl::OkStatus();
+  absl::Status bound = bind
+                           ? os->NumaBindMemory(range.start, range.length, node)
+                           : absl::OkStatus();
   if (!bound.ok()) {
     if (explicit_node) return bound;
     LOG(WARNING) << "Cannot bind the premapped region to NUMA node " << node
-                 << ": " << bound << "; its pages go where the kernel puts them";
+                 << ": " << bound
+                 << "; its pages go where the kernel puts them";
   }
 
   // 4. Pin: lock on fault, so the pre-fault threads lock each page as they

@@ -179,8 +179,9 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
             ? absl::StrCat(
                   " Raise TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES to at "
                   "least ",
-                  RoundUp(size, 4096), " (at most TPU_PREMAPPED_BUFFER_SIZE=",
-                  capacity_, "), or allocate this buffer outside the region.")
+                  RoundUp(size, 4096),
+                  " (at most TPU_PREMAPPED_BUFFER_SIZE=", capacity_,
+                  "), or allocate this buffer outside the region.")
             : absl::StrCat(
                   " The threshold already equals TPU_PREMAPPED_BUFFER_SIZE; "
                   "raise TPU_PREMAPPED_BUFFER_SIZE to at least ",
@@ -311,8 +312,7 @@ uint64_t RegionAllocator::LargestFreeLocked() const {
 }
 
 RegionAllocator::Snapshot RegionAllocator::TakeSnapshot() const {
-  return Snapshot{capacity_ - bytes_in_use_, LargestFreeLocked(),
-                  live_.size()};
+  return Snapshot{capacity_ - bytes_in_use_, LargestFreeLocked(), live_.size()};
 }
 
 absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
@@ -346,8 +346,8 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
       " free. Largest free block: ", HumanReadableBytes(s.largest_free),
       " (fragmentation ", Percent(fragmentation), "); region size ",
       HumanReadableBytes(capacity_), " (TPU_PREMAPPED_BUFFER_SIZE=", capacity_,
-      "), threshold ", threshold_, " bytes, ", s.live,
-      " live allocations. ", hint));
+      "), threshold ", threshold_, " bytes, ", s.live, " live allocations. ",
+      hint));
 }
 
 RegionAllocator::Stats RegionAllocator::GetStats() const {
@@ -407,15 +407,15 @@ std::string RegionAllocator::DebugDump() const {
     }
   }
 
-  std::string out = absl::StrCat("Premapped region dump: ",
-                                 HumanReadableBytes(capacity_), " at ",
-                                 absl::StrFormat("%p", base()), ", ",
-                                 blocks.size(), " blocks\n");
+  std::string out = absl::StrCat(
+      "Premapped region dump: ", HumanReadableBytes(capacity_), " at ",
+      absl::StrFormat("%p", base()), ", ", blocks.size(), " blocks\n");
   for (const auto& [cls, t] : classes) {
-    const uint64_t lo = cls.first == 0
-                            ? uint64_t(cls.second) * kUnit
-                            : (uint64_t(kSecondLevelCount + cls.second)
-                               << (cls.first - 1)) * kUnit;
+    const uint64_t lo =
+        cls.first == 0
+            ? uint64_t(cls.second) * kUnit
+            : (uint64_t(kSecondLevelCount + cls.second) << (cls.first - 1)) *
+                  kUnit;
     absl::StrAppend(&out, "  class >= ", HumanReadableBytes(lo), ": free ",
                     t.free_count, " blocks ", HumanReadableBytes(t.free_bytes),
                     ", in use ", t.used_count, " blocks ",
@@ -480,8 +480,8 @@ absl::Status RegionAllocator::CheckInvariantsLocked() const {
     } else {
       auto it = live_.find(block.offset);
       if (it == live_.end() || it->second != b) {
-        return absl::InternalError(absl::StrCat(
-            "used block at offset ", block.offset, " is not live"));
+        return absl::InternalError(absl::StrCat("used block at offset ",
+                                                block.offset, " is not live"));
       }
       ++live_blocks;
       used += block.size;

@@ -94,8 +94,7 @@ class RegionAllocator {
 
   // Returns `size` bytes aligned to `alignment` (at least 64). The memory
   // stays valid until Free; its contents are whatever was there before.
-  absl::StatusOr<void*> Allocate(uint64_t size,
-                                 size_t alignment = kAlignment);
+  absl::StatusOr<void*> Allocate(uint64_t size, size_t alignment = kAlignment);
 
   // Returns a block from Allocate to the region. INVALID_ARGUMENT (and no
   // change) for anything else.
@@ -136,7 +135,7 @@ class RegionAllocator {
 
   struct Block {
     uint64_t offset = 0;
-    uint64_t size = 0;        // bytes, multiple of 64
+    uint64_t size = 0;          // bytes, multiple of 64
     uint32_t prev_phys = kNil;  // neighbours by address
     uint32_t next_phys = kNil;
     uint32_t prev_free = kNil;  // links in its free list
@@ -157,7 +156,8 @@ class RegionAllocator {
   // Splits `b` after its first `size` bytes and returns the new block
   // holding the rest, which is in no free list yet.
   // REQUIRES: 0 < size < blocks_[b].size, both multiples of 64.
-  uint32_t SplitAt(uint32_t b, uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  uint32_t SplitAt(uint32_t b, uint64_t size)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot TakeSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OutOfMemory(uint64_t size, size_t alignment);

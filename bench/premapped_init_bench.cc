@@ -73,9 +73,9 @@ absl::StatusOr<double> TimeStartup(PageKind* kind) {
 
 absl::StatusOr<double> TimeMapping(bool populate) {
   const auto start = std::chrono::steady_clock::now();
-  void* p = mmap(nullptr, g_size, PROT_READ | PROT_WRITE,
-                 MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0),
-                 -1, 0);
+  void* p =
+      mmap(nullptr, g_size, PROT_READ | PROT_WRITE,
+           MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
   if (p == MAP_FAILED) return absl::ResourceExhaustedError("mmap failed");
   if (!populate) {
     for (uint64_t off = 0; off < g_size; off += 4096) {
@@ -97,8 +97,9 @@ absl::StatusOr<double> TimeWarmMemset() {
     const auto start = std::chrono::steady_clock::now();
     std::memset(buffer.data(), pass + 2, bytes);
     benchmark::ClobberMemory();
-    best = std::max(best, double(bytes) /
-                              Seconds(std::chrono::steady_clock::now() - start));
+    best =
+        std::max(best, double(bytes) /
+                           Seconds(std::chrono::steady_clock::now() - start));
   }
   return double(g_size) / best;
 }
@@ -164,8 +165,9 @@ int main(int argc, char** argv) {
       absl::StatusOr<uint64_t> size =
           tpushim::ParseByteSize(argv[i] + 7, "--size");
       if (!size.ok() || *size == 0 || *size % 4096 != 0) {
-        fprintf(stderr, "premapped_init_bench: --size must be a multiple of "
-                        "4096 bytes, e.g. 64M or 4G\n");
+        fprintf(stderr,
+                "premapped_init_bench: --size must be a multiple of "
+                "4096 bytes, e.g. 64M or 4G\n");
         return 2;
       }
       tpushim::g_size = *size;

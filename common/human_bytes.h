@@ -1,4 +1,5 @@
-// Human-readable byte counts in TSL's style (tsl::strings::HumanReadableNumBytes).
+// Human-readable byte counts in TSL's style
+// (tsl::strings::HumanReadableNumBytes).
 //
 //   HumanReadableBytes(123)        == "123B"
 //   HumanReadableBytes(852'000)    == "832.0K"

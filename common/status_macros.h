@@ -39,20 +39,20 @@ const absl::Status& AsStatus(const absl::StatusOr<T>& status_or) {
 
 // Evaluates `expr` (an absl::Status or absl::StatusOr<T>); if it is not OK,
 // returns its status from the enclosing function.
-#define TPUSHIM_RETURN_IF_ERROR(expr)                                    \
-  do {                                                                   \
-    const auto& tpushim_status_ = (expr);                                \
-    if (ABSL_PREDICT_FALSE(!::tpushim::internal::AsStatus(tpushim_status_) \
-                                .ok())) {                                \
-      return ::tpushim::internal::AsStatus(tpushim_status_);             \
-    }                                                                    \
+#define TPUSHIM_RETURN_IF_ERROR(expr)                                \
+  do {                                                               \
+    const auto& tpushim_status_ = (expr);                            \
+    if (ABSL_PREDICT_FALSE(                                          \
+            !::tpushim::internal::AsStatus(tpushim_status_).ok())) { \
+      return ::tpushim::internal::AsStatus(tpushim_status_);         \
+    }                                                                \
   } while (false)
 
 // Evaluates `rexpr` (an absl::StatusOr<T>); if it is not OK returns its
 // status from the enclosing function, otherwise moves its value into `lhs`,
 // which may be a declaration (`auto x`, `int y`) or an existing lvalue.
-#define TPUSHIM_ASSIGN_OR_RETURN(lhs, rexpr)                                   \
-  TPUSHIM_ASSIGN_OR_RETURN_IMPL_(                                              \
+#define TPUSHIM_ASSIGN_OR_RETURN(lhs, rexpr) \
+  TPUSHIM_ASSIGN_OR_RETURN_IMPL_(            \
       TPUSHIM_STATUS_CONCAT_(tpushim_statusor_, __LINE__), lhs, rexpr)
 
 #define TPUSHIM_ASSIGN_OR_RETURN_IMPL_(statusor, lhs, rexpr) \

@@ -34,9 +34,9 @@
 #include <string>
 #include <string_view>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tpushim {
 

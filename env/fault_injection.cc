@@ -79,8 +79,7 @@ absl::StatusOr<FaultRule> ParseEntry(absl::string_view entry) {
     }
   }
   if (!found) {
-    return SpecError(entry,
-                     absl::StrCat("unknown point \"", point_name, "\""));
+    return SpecError(entry, absl::StrCat("unknown point \"", point_name, "\""));
   }
 
   std::optional<uint64_t> nth, every, seed;
@@ -135,7 +134,8 @@ absl::StatusOr<FaultRule> ParseEntry(absl::string_view entry) {
     return SpecError(entry, "needs exactly one of nth=, every=, rate=");
   }
   if (rate.has_value() != seed.has_value()) {
-    return SpecError(entry, rate ? "rate= needs seed=" : "seed= goes with rate=");
+    return SpecError(entry,
+                     rate ? "rate= needs seed=" : "seed= goes with rate=");
   }
   if (nth) {
     rule.kind = FaultRule::Kind::kNth;
@@ -208,7 +208,7 @@ FaultPointSet FaultPointSet::All() {
 FaultInjector::FaultInjector(FaultSpec spec) : spec_(std::move(spec)) {}
 
 const FaultRule* FaultInjector::FiringRule(FaultPoint point,
-                                          uint64_t call) const {
+                                           uint64_t call) const {
   for (const FaultRule& rule : spec_.rules) {
     if (rule.point != point) continue;
     switch (rule.kind) {
@@ -220,8 +220,8 @@ const FaultRule* FaultInjector::FiringRule(FaultPoint point,
         break;
       case FaultRule::Kind::kRate: {
         // Compare the top 53 bits as a uniform double in [0, 1).
-        const double u = static_cast<double>(Mix(rule.seed, call) >> 11) *
-                         0x1.0p-53;
+        const double u =
+            static_cast<double>(Mix(rule.seed, call) >> 11) * 0x1.0p-53;
         if (u < rule.rate) return &rule;
         break;
       }
@@ -381,12 +381,10 @@ absl::Status FaultInjectingOs::Munmap(void* addr, size_t length) {
   return status;
 }
 
-absl::Status FaultInjectingOs::Madvise(void* addr, size_t length,
-                                       int advice) {
+absl::Status FaultInjectingOs::Madvise(void* addr, size_t length, int advice) {
   if (faults_ != nullptr) {
-    absl::Status injected = faults_->Check(FaultPoint::kMadvise, [&] {
-      return RealOsFailure(ENOMEM, "madvise");
-    });
+    absl::Status injected = faults_->Check(
+        FaultPoint::kMadvise, [&] { return RealOsFailure(ENOMEM, "madvise"); });
     if (!injected.ok()) return injected;
   }
   return OsWrapper::Madvise(addr, length, advice);

@@ -39,9 +39,9 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
-#include "absl/strings/string_view.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "env/os.h"
 
@@ -68,11 +68,11 @@ struct FaultRule {
   enum class Kind { kNth, kEvery, kRate };
   FaultPoint point = FaultPoint::kMmap;
   Kind kind = Kind::kNth;
-  uint64_t k = 0;        // kNth, kEvery
-  double rate = 0.0;     // kRate
-  uint64_t seed = 0;     // kRate
+  uint64_t k = 0;                        // kNth, kEvery
+  double rate = 0.0;                     // kRate
+  uint64_t seed = 0;                     // kRate
   std::optional<absl::StatusCode> code;  // replaces the real failure's code
-  std::string text;      // the rule as written, e.g. "mmap:nth=3"
+  std::string text;  // the rule as written, e.g. "mmap:nth=3"
 };
 
 struct FaultSpec {
@@ -171,8 +171,7 @@ class FaultInjectingOs : public OsWrapper {
                              int fd, off_t offset) override;
   absl::Status Munmap(void* addr, size_t length) override;
   absl::Status Madvise(void* addr, size_t length, int advice) override;
-  absl::Status Mlock(const void* addr, size_t length,
-                     LockWhen when) override;
+  absl::Status Mlock(const void* addr, size_t length, LockWhen when) override;
   absl::Status Munlock(const void* addr, size_t length) override;
   absl::Status PinRange(const void* addr, size_t length) override;
   absl::Status UnpinRange(const void* addr, size_t length) override;

@@ -326,17 +326,18 @@ std::optional<HostClash> CheckMemory(const Options& options,
   if (size <= usable && usable - size >= headroom) return std::nullopt;
   const std::string cgroup =
       facts.cgroup_memory_limit_bytes.has_value()
-          ? absl::StrCat("the cgroup memory limit is ",
-                         BytesWithHumanReadable(*facts.cgroup_memory_limit_bytes),
-                         " with ",
-                         BytesWithHumanReadable(
-                             facts.cgroup_memory_usage_bytes.value_or(0)),
-                         " in use")
+          ? absl::StrCat(
+                "the cgroup memory limit is ",
+                BytesWithHumanReadable(*facts.cgroup_memory_limit_bytes),
+                " with ",
+                BytesWithHumanReadable(
+                    facts.cgroup_memory_usage_bytes.value_or(0)),
+                " in use")
           : std::string("there is no cgroup memory limit");
-  const uint64_t most =
-      usable > headroom ? (usable - headroom) / kPremappedSizeMultiple *
-                              kPremappedSizeMultiple
-                        : 0;
+  const uint64_t most = usable > headroom
+                            ? (usable - headroom) / kPremappedSizeMultiple *
+                                  kPremappedSizeMultiple
+                            : 0;
   return HostClash{
       HostClash::Level::kError, HostClash::Check::kMemory,
       absl::StrCat("Cannot premap ", RegionSetting(size), ": MemAvailable is ",

@@ -113,9 +113,10 @@ uint64_t MemoryHeadroomBytes(uint64_t usable_bytes);
 // The clashes, in this order; empty when the configuration fits:
 //  * the region plus MemoryHeadroomBytes() is larger than
 //    UsableMemoryBytes() (kError: start-up would fail with
-//    RESOURCE_EXHAUSTED naming MemAvailable and the cgroup limit). Not checked when the region comes from
-//    hugetlb pools, which neither MemAvailable nor the memory cgroup count:
-//    under TPUSHIM_HUGEPAGES=hugetlb, or =auto when a pool holds it;
+//    RESOURCE_EXHAUSTED naming MemAvailable and the cgroup limit). Not checked
+//    when the region comes from hugetlb pools, which neither MemAvailable nor
+//    the memory cgroup count: under TPUSHIM_HUGEPAGES=hugetlb, or =auto when a
+//    pool holds it;
 //  * CanLock(region) is false (kWarning: the region stays unpinned; kError
 //    under TPUSHIM_MLOCK=required). Not checked under TPUSHIM_MLOCK=off;
 //  * TPUSHIM_HUGEPAGES=hugetlb and no pool has enough free, unreserved pages

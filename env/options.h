@@ -28,8 +28,8 @@
 #include <string_view>
 #include <vector>
 
-#include "absl/strings/string_view.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
@@ -171,16 +171,15 @@ struct OptionOverrides {
 //   TPU_PREMAPPED_BUFFER_SIZE="5000" is not a multiple of 4096 (whole 4 KiB
 //   pages); the nearest valid values are 4096 and 8192
 //   TPUSHIM_FAULTS="mmap:nth=0": <what ParseFaultSpec says>
-absl::StatusOr<Options> ResolveOptions(Os& os,
-                                       const OptionOverrides& api = {});
+absl::StatusOr<Options> ResolveOptions(Os& os, const OptionOverrides& api = {});
 
 // One row per setting, for `tpushim info` and the start-up INFO line, in
 // the order of CONTRACTS §1. Values are canonical text: enums as their
 // words, the NUMA node as `auto` or its number, TPU_VMODULE as
 // `glob=N,...`, the device and faults as given, and an empty value as `""`.
 struct OptionRow {
-  std::string name;    // the environment variable, e.g. "TPU_LOG_DIR"
-  std::string value;   // resolved value as text, e.g. "4294967296"
+  std::string name;   // the environment variable, e.g. "TPU_LOG_DIR"
+  std::string value;  // resolved value as text, e.g. "4294967296"
   OptionSource source = OptionSource::kDefault;
 };
 std::vector<OptionRow> DescribeOptions(const Options& options);

@@ -182,8 +182,7 @@ class OsWrapper : public Os {
   absl::Status Madvise(void* addr, size_t length, int advice) override {
     return target_->Madvise(addr, length, advice);
   }
-  absl::Status Mlock(const void* addr, size_t length,
-                     LockWhen when) override {
+  absl::Status Mlock(const void* addr, size_t length, LockWhen when) override {
     return target_->Mlock(addr, length, when);
   }
   absl::Status Munlock(const void* addr, size_t length) override {
@@ -226,9 +225,7 @@ class OsWrapper : public Os {
   std::string UserName() override { return target_->UserName(); }
   std::string HostName() override { return target_->HostName(); }
   int OnlineCpuCount() override { return target_->OnlineCpuCount(); }
-  bool ProcessExists(pid_t pid) override {
-    return target_->ProcessExists(pid);
-  }
+  bool ProcessExists(pid_t pid) override { return target_->ProcessExists(pid); }
   absl::StatusOr<std::string> ReadFile(const std::string& path) override {
     return target_->ReadFile(path);
   }

@@ -80,8 +80,8 @@ class PosixOs final : public Os {
 
   absl::Status Munmap(void* addr, size_t length) override {
     if (munmap(addr, length) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("munmap(", PtrArgs(addr, length),
-                                             ")"));
+      return ErrnoStatus(errno,
+                         absl::StrCat("munmap(", PtrArgs(addr, length), ")"));
     }
     return absl::OkStatus();
   }
@@ -95,27 +95,25 @@ class PosixOs final : public Os {
     return absl::OkStatus();
   }
 
-  absl::Status Mlock(const void* addr, size_t length,
-                     LockWhen when) override {
+  absl::Status Mlock(const void* addr, size_t length, LockWhen when) override {
     if (when == LockWhen::kOnFault) {
       if (mlock2(addr, length, MLOCK_ONFAULT) != 0) {
-        return ErrnoStatus(errno, absl::StrCat("mlock2(",
-                                               PtrArgs(addr, length),
+        return ErrnoStatus(errno, absl::StrCat("mlock2(", PtrArgs(addr, length),
                                                ", MLOCK_ONFAULT)"));
       }
       return absl::OkStatus();
     }
     if (mlock(addr, length) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("mlock(", PtrArgs(addr, length),
-                                             ")"));
+      return ErrnoStatus(errno,
+                         absl::StrCat("mlock(", PtrArgs(addr, length), ")"));
     }
     return absl::OkStatus();
   }
 
   absl::Status Munlock(const void* addr, size_t length) override {
     if (munlock(addr, length) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("munlock(",
-                                             PtrArgs(addr, length), ")"));
+      return ErrnoStatus(errno,
+                         absl::StrCat("munlock(", PtrArgs(addr, length), ")"));
     }
     return absl::OkStatus();
   }
@@ -195,9 +193,9 @@ class PosixOs final : public Os {
           "NUMA node ", node, " requested but this host has no NUMA support"));
     }
     if (node < 0 || node > numa_max_node()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "NUMA node ", node, " does not exist (nodes 0..", numa_max_node(),
-          ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("NUMA node ", node, " does not exist (nodes 0..",
+                       numa_max_node(), ")"));
     }
     std::unique_ptr<bitmask, void (*)(bitmask*)> mask(numa_allocate_nodemask(),
                                                       numa_bitmask_free);
@@ -344,10 +342,9 @@ class PosixOs final : public Os {
   }
 
   absl::StatusOr<int> CreateLogFile(const std::string& path) override {
-    const int fd =
-        open(path.c_str(),
-             O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_APPEND,
-             0644);
+    const int fd = open(
+        path.c_str(),
+        O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC | O_APPEND, 0644);
     if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
     return fd;
   }

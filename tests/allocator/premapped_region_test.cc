@@ -64,8 +64,7 @@ class FakeHostOs : public OsWrapper {
     ++mmap_calls;
     return OsWrapper::Mmap(addr, length, prot, flags, fd, offset);
   }
-  absl::Status Mlock(const void* addr, size_t length,
-                     LockWhen when) override {
+  absl::Status Mlock(const void* addr, size_t length, LockWhen when) override {
     ++mlock_calls;
     return OsWrapper::Mlock(addr, length, when);
   }
@@ -126,7 +125,8 @@ void ExpectInOrder(const std::string& text,
   for (const std::string& e : expected) {
     const size_t found = text.find(e, at);
     ASSERT_NE(found, std::string::npos)
-        << "missing (in order): " << e << "\nlog:\n" << text;
+        << "missing (in order): " << e << "\nlog:\n"
+        << text;
     at = found + e.size();
   }
 }
@@ -149,8 +149,8 @@ TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
        "] Premapped buffer is using alignment 64\n",
        "] mlock()-ed 8388608 bytes\n",
        "] Done premapping memory of size 8388608 in ",
-       absl::StrCat("s (", PageKindDescription(stats.page_kind,
-                                               stats.page_bytes),
+       absl::StrCat("s (",
+                    PageKindDescription(stats.page_kind, stats.page_bytes),
                     ", ", stats.prefault_threads, " threads, NUMA node ",
                     stats.numa_node, ")\n"),
        "] Done allocating premapped memory of size 8388608\n"});
@@ -191,8 +191,8 @@ TEST(PremappedRegionTest, ReportsProgressWhilePrefaulting) {
   ASSERT_TRUE(region.ok()) << region.status();
   ExpectInOrder(logs.File("INFO"),
                 {"] Premapped buffer is using alignment 64\n",
-                 "] Premapping memory: ", " of 8388608 bytes (",
-                 "%)\n", "] Done premapping memory of size 8388608"});
+                 "] Premapping memory: ", " of 8388608 bytes (", "%)\n",
+                 "] Done premapping memory of size 8388608"});
 }
 
 TEST(PremappedRegionTest, SizeZeroIsNoRegion) {
@@ -236,15 +236,13 @@ TEST_P(PageKindTest, EachModeStartsOrSaysWhyNot) {
   EXPECT_EQ(os.mapped_bytes(), 0u);
 }
 
-INSTANTIATE_TEST_SUITE_P(Modes, PageKindTest,
-                         ::testing::Values(HugePagesMode::kAuto,
-                                           HugePagesMode::kHugetlb,
-                                           HugePagesMode::kThp,
-                                           HugePagesMode::kOff),
-                         [](const auto& test_info) {
-                           return std::string(
-                               HugePagesModeName(test_info.param));
-                         });
+INSTANTIATE_TEST_SUITE_P(
+    Modes, PageKindTest,
+    ::testing::Values(HugePagesMode::kAuto, HugePagesMode::kHugetlb,
+                      HugePagesMode::kThp, HugePagesMode::kOff),
+    [](const auto& test_info) {
+      return std::string(HugePagesModeName(test_info.param));
+    });
 
 TEST(PremappedRegionTest, HugetlbWithoutReservedPagesFailsBeforeMapping) {
   FakeHostOs host(Os::Default());
@@ -255,7 +253,8 @@ TEST(PremappedRegionTest, HugetlbWithoutReservedPagesFailsBeforeMapping) {
       host.ListDirectory("/sys/kernel/mm/hugepages");
   if (pools.ok()) {
     for (const std::string& pool : *pools) {
-      host.files["/sys/kernel/mm/hugepages/" + pool + "/free_hugepages"] = "0\n";
+      host.files["/sys/kernel/mm/hugepages/" + pool + "/free_hugepages"] =
+          "0\n";
     }
   }
   absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
@@ -305,10 +304,9 @@ TEST(PremappedRegionTest, HeadroomIsKeptFree) {
   host.files["/proc/meminfo"] = FakeMeminfo(100 * 1024);  // 100 MiB
   OptionOverrides o = Size(64 * kMiB);  // fits, but not with 64M+2% headroom
   o.hugepages = HugePagesMode::kOff;
-  EXPECT_EQ(PremappedRegion::Create(Resolve(host, o), &host, nullptr)
-                .status()
-                .code(),
-            absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(
+      PremappedRegion::Create(Resolve(host, o), &host, nullptr).status().code(),
+      absl::StatusCode::kResourceExhausted);
   o.premapped_buffer_size = 16 * kMiB;
   EXPECT_TRUE(PremappedRegion::Create(Resolve(host, o), &host, nullptr).ok());
 }
@@ -399,8 +397,8 @@ TEST_P(StartupFailureSweepTest, NothingLeaksWhateverFails) {
   if (GetParam().explicit_node) o.numa_node = std::optional<int>(0);
   const Options options = Resolve(host, o);
   int failed_runs = 0;
-  absl::StatusOr<uint64_t> runs = RunWithCountedFailures(
-      faults, FaultPointSet::All(), [&](uint64_t n) {
+  absl::StatusOr<uint64_t> runs =
+      RunWithCountedFailures(faults, FaultPointSet::All(), [&](uint64_t n) {
         absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
             PremappedRegion::Create(options, &os, &faults);
         if (!region.ok()) {

@@ -135,16 +135,16 @@ TEST(RegionAllocatorTest, FragmentedFailureSaysSo) {
 
 TEST(RegionAllocatorTest, ThresholdEdges) {
   TestRegion region(4 * kMiB);
-  RegionAllocator allocator(region.base(), region.size(),
-                            {.threshold = kMiB});
+  RegionAllocator allocator(region.base(), region.size(), {.threshold = kMiB});
   absl::StatusOr<void*> equal = allocator.Allocate(kMiB);
   EXPECT_TRUE(equal.ok());
   absl::StatusOr<void*> over = allocator.Allocate(kMiB + 1);
   ASSERT_FALSE(over.ok());
   EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted);
   const std::string message(over.status().message());
-  EXPECT_THAT(message,
-              HasSubstr("TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=1048576"));
+  EXPECT_THAT(
+      message,
+      HasSubstr("TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=1048576"));
   EXPECT_THAT(message, StartsWith("Attempting to allocate 1.00M, which is "
                                   "larger than"));
   EXPECT_THAT(message, HasSubstr("Raise TPU_PREMAPPED_BUFFER_TRANSFER_"
@@ -216,9 +216,8 @@ TEST_P(AlignmentTest, ReturnsAlignedBlocks) {
     ASSERT_TRUE(allocator.Allocate(64 * (1 + i % 3)).ok());
     absl::StatusOr<void*> p = allocator.Allocate(1000, GetParam());
     ASSERT_TRUE(p.ok()) << p.status();
-    EXPECT_EQ(reinterpret_cast<uintptr_t>(*p) %
-                  std::max<size_t>(GetParam(), 64),
-              0u);
+    EXPECT_EQ(
+        reinterpret_cast<uintptr_t>(*p) % std::max<size_t>(GetParam(), 64), 0u);
     blocks.push_back(*p);
   }
   ExpectConsistent(allocator);
@@ -340,7 +339,8 @@ TEST(RegionAllocatorTest, RandomizedAgainstReferenceModel) {
   uint64_t failures = 0;
   for (int op = 0; op < 20000; ++op) {
     if (live.empty() || rng() % 100 < 55) {
-      const uint64_t size = 1 + (rng() % 2 ? rng() % 512 : rng() % (256 * 1024));
+      const uint64_t size =
+          1 + (rng() % 2 ? rng() % 512 : rng() % (256 * 1024));
       const size_t alignment = size_t{1} << (rng() % 13);
       absl::StatusOr<void*> p = allocator.Allocate(size, alignment);
       if (!p.ok()) {

@@ -85,18 +85,16 @@ TEST_P(MalformedFaultSpecTest, IsInvalidArgument) {
 
 INSTANTIATE_TEST_SUITE_P(
     Table, MalformedFaultSpecTest,
-    ::testing::Values("mmap", "mmap:", "disk:nth=1", "MMAP:nth=1",
-                      "mmap:nth=0", "mmap:nth=-1", "mmap:nth=x",
-                      "mmap:nth=1x", "mmap:nth=", "mmap:every=0",
-                      "mmap:rate=0.5", "mmap:seed=1", "mmap:rate=1.5,seed=1",
-                      "mmap:rate=-0.1,seed=1", "mmap:rate=1e-3,seed=1",
-                      "mmap:rate=nan,seed=1", "mmap:rate=0.1.2,seed=1",
-                      "mmap:nth=1,every=2", "mmap:nth=1,nth=2",
-                      "mmap:nth=1,code=OK", "mmap:nth=1,code=BOGUS",
-                      "mmap:nth=1,code=", "mmap:nth=1,color=red",
-                      "mmap:nth=1;", ";mmap:nth=1", "mmap:nth=1;;dma:nth=1",
-                      "mmap:nth=1 ", " mmap:nth=1", "mmap:nth 1",
-                      "mmap:nth=99999999999999999999999"));
+    ::testing::Values(
+        "mmap", "mmap:", "disk:nth=1", "MMAP:nth=1", "mmap:nth=0",
+        "mmap:nth=-1", "mmap:nth=x", "mmap:nth=1x", "mmap:nth=", "mmap:every=0",
+        "mmap:rate=0.5", "mmap:seed=1", "mmap:rate=1.5,seed=1",
+        "mmap:rate=-0.1,seed=1", "mmap:rate=1e-3,seed=1",
+        "mmap:rate=nan,seed=1", "mmap:rate=0.1.2,seed=1", "mmap:nth=1,every=2",
+        "mmap:nth=1,nth=2", "mmap:nth=1,code=OK", "mmap:nth=1,code=BOGUS",
+        "mmap:nth=1,code=", "mmap:nth=1,color=red", "mmap:nth=1;",
+        ";mmap:nth=1", "mmap:nth=1;;dma:nth=1", "mmap:nth=1 ", " mmap:nth=1",
+        "mmap:nth 1", "mmap:nth=99999999999999999999999"));
 
 TEST(FaultSpecTest, ErrorNamesTheEntryAndTheProblem) {
   absl::StatusOr<FaultSpec> spec = ParseFaultSpec("mmap:nth=1;dma:evry=2");
@@ -216,7 +214,8 @@ TEST(FaultInjectorTest, CountsAreExactUnderConcurrency) {
     });
   }
   for (auto& t : threads) t.join();
-  EXPECT_EQ(injector.calls(FaultPoint::kDma), uint64_t{kThreads} * kCallsPerThread);
+  EXPECT_EQ(injector.calls(FaultPoint::kDma),
+            uint64_t{kThreads} * kCallsPerThread);
   EXPECT_EQ(failures.load(), kThreads * kCallsPerThread / 10);
   EXPECT_EQ(injector.injected(FaultPoint::kDma), uint64_t(failures.load()));
 }
@@ -265,7 +264,8 @@ TEST(FaultInjectingOsTest, TracksPartialUnmapsAndLocks) {
 }
 
 TEST(FaultInjectingOsTest, InjectedMlockAndPinLockNothing) {
-  FaultInjector injector = MakeInjector("mlock:nth=1;pin:nth=1,code=UNAVAILABLE");
+  FaultInjector injector =
+      MakeInjector("mlock:nth=1;pin:nth=1,code=UNAVAILABLE");
   FaultInjectingOs os(Os::Default(), &injector);
   absl::StatusOr<void*> p = MapAnon(os, 2 * kPage);
   ASSERT_TRUE(p.ok());
@@ -325,8 +325,8 @@ TEST(CountedFailuresTest, FailsEachCallInTurnThenRunsClean) {
   FaultInjector injector;
   FaultInjectingOs os(Os::Default(), &injector);
   std::vector<absl::StatusCode> codes;
-  absl::StatusOr<uint64_t> runs = RunWithCountedFailures(
-      injector, FaultPointSet::All(), [&](uint64_t) {
+  absl::StatusOr<uint64_t> runs =
+      RunWithCountedFailures(injector, FaultPointSet::All(), [&](uint64_t) {
         codes.push_back(MiniStartup(os).code());
         EXPECT_EQ(os.mapped_bytes(), 0u);
         EXPECT_EQ(os.locked_bytes(), 0u);
@@ -334,19 +334,18 @@ TEST(CountedFailuresTest, FailsEachCallInTurnThenRunsClean) {
   ASSERT_TRUE(runs.ok());
   // Three injectable calls (mmap, madvise, mlock), then one clean run.
   EXPECT_EQ(*runs, 4u);
-  EXPECT_EQ(codes, (std::vector<absl::StatusCode>{
-                       absl::StatusCode::kResourceExhausted,
-                       absl::StatusCode::kResourceExhausted,
-                       absl::StatusCode::kResourceExhausted,
-                       absl::StatusCode::kOk}));
+  EXPECT_EQ(codes,
+            (std::vector<absl::StatusCode>{absl::StatusCode::kResourceExhausted,
+                                           absl::StatusCode::kResourceExhausted,
+                                           absl::StatusCode::kResourceExhausted,
+                                           absl::StatusCode::kOk}));
 }
 
 TEST(CountedFailuresTest, OnlyTheChosenPointsAreCounted) {
   FaultInjector injector;
   FaultInjectingOs os(Os::Default(), &injector);
   absl::StatusOr<uint64_t> runs = RunWithCountedFailures(
-      injector, {FaultPoint::kMlock},
-      [&](uint64_t) { (void)MiniStartup(os); });
+      injector, {FaultPoint::kMlock}, [&](uint64_t) { (void)MiniStartup(os); });
   ASSERT_TRUE(runs.ok());
   EXPECT_EQ(*runs, 2u);
 }

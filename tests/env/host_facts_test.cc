@@ -3,8 +3,6 @@
 
 #include "env/host_facts.h"
 
-#include "common/human_bytes.h"
-
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -15,6 +13,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "common/human_bytes.h"
 #include "env/options.h"
 #include "env/os.h"
 #include "gmock/gmock.h"

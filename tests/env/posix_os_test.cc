@@ -37,9 +37,8 @@ TEST(PosixOsTest, MapAdviseLockAndUnmap) {
 }
 
 TEST(PosixOsTest, MmapFailureIsAStatusNamingTheCall) {
-  absl::StatusOr<void*> p =
-      Os::Default()->Mmap(nullptr, 0, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS,
-                          -1, 0);
+  absl::StatusOr<void*> p = Os::Default()->Mmap(
+      nullptr, 0, PROT_READ, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   ASSERT_FALSE(p.ok());
   EXPECT_EQ(p.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(p.status().message()), ::testing::HasSubstr("mmap("));
@@ -113,7 +112,8 @@ TEST(PosixOsTest, GetEnvDistinguishesUnsetFromEmpty) {
 }
 
 TEST(PosixOsTest, ReadFileReadsProcFiles) {
-  absl::StatusOr<std::string> status = Os::Default()->ReadFile("/proc/self/status");
+  absl::StatusOr<std::string> status =
+      Os::Default()->ReadFile("/proc/self/status");
   ASSERT_TRUE(status.ok());
   EXPECT_TRUE(absl::StrContains(*status, "CapEff:"));
   EXPECT_EQ(Os::Default()->ReadFile("/nonexistent/file").status().code(),
@@ -169,7 +169,8 @@ TEST(PosixOsTest, DirectoryOperations) {
   ASSERT_TRUE(os->Close(*fd).ok());
   ASSERT_TRUE(os->Symlink("a", dir.path() + "/tmp_link").ok());
   ASSERT_TRUE(os->Rename(dir.path() + "/tmp_link", dir.path() + "/link").ok());
-  absl::StatusOr<std::vector<std::string>> names = os->ListDirectory(dir.path());
+  absl::StatusOr<std::vector<std::string>> names =
+      os->ListDirectory(dir.path());
   ASSERT_TRUE(names.ok());
   std::sort(names->begin(), names->end());
   EXPECT_EQ(*names, (std::vector<std::string>{"a", "link"}));

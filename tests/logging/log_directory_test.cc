@@ -74,7 +74,6 @@ struct Case {
 // bytes of the struct.
 void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
 
-
 std::string Expand(std::string text, const std::string& dir,
                    const std::string& fallback) {
   for (auto [key, value] : {std::pair<std::string, std::string>{"{dir}", dir},

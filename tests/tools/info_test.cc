@@ -246,10 +246,9 @@ TEST(InfoTest, RegionLargerThanTheHostIsAnErrorCheckInJson) {
   const Json info = ParseJson(r.out);
   bool found = false;
   for (const Json& check : info["checks"]) {
-    found |= check["level"] == "error" &&
-             check["code"] == "RESOURCE_EXHAUSTED" &&
-             absl::StrContains(check["message"].get<std::string>(),
-                               "Cannot premap");
+    found |=
+        check["level"] == "error" && check["code"] == "RESOURCE_EXHAUSTED" &&
+        absl::StrContains(check["message"].get<std::string>(), "Cannot premap");
   }
   EXPECT_TRUE(found) << info["checks"];
 }
