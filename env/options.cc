@@ -241,6 +241,13 @@ struct Setting {
   std::type_identity_t<Formatter<T>> format;
 };
 
+// Spelled out for compilers without aggregate deduction (clang < 17).
+template <typename T, typename A>
+Setting(absl::string_view, absl::string_view, absl::string_view,
+        Option<T> Options::*, std::optional<A> OptionOverrides::*,
+        std::type_identity_t<Parser<T>>, std::type_identity_t<Formatter<T>>)
+    -> Setting<T, A>;
+
 // In the order of CONTRACTS §1. The size precedes the threshold, whose
 // parser reads it.
 constexpr std::tuple kSettings{
