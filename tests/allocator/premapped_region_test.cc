@@ -299,6 +299,25 @@ TEST(PremappedRegionTest, RegionLargerThanMemAvailableFailsUntouched) {
   EXPECT_EQ(host.mmap_calls, 0);
 }
 
+TEST(PremappedRegionTest, RegionLargerThanTheCgroupAllowsFailsUntouched) {
+  FakeHostOs host(Os::Default());
+  host.files["/proc/self/cgroup"] = "0::/\n";
+  host.files["/sys/fs/cgroup/cgroup.controllers"] = "cpu io memory pids\n";
+  host.files["/sys/fs/cgroup/memory.max"] = "268435456\n";      // 256 MiB
+  host.files["/sys/fs/cgroup/memory.current"] = "134217728\n";  // 128 MiB
+  host.files["/sys/fs/cgroup/memory.stat"] = "inactive_file 0\n";
+  OptionOverrides o = Size(256 * kMiB);
+  o.hugepages = HugePagesMode::kOff;
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(Resolve(host, o), &host, nullptr);
+  ASSERT_EQ(region.status().code(), absl::StatusCode::kResourceExhausted);
+  const std::string message(region.status().message());
+  EXPECT_THAT(message, HasSubstr("MemAvailable is "));
+  EXPECT_THAT(message, HasSubstr("the cgroup memory limit is 268435456 "
+                                 "(256.00M) with 134217728 (128.00M) in use"));
+  EXPECT_EQ(host.mmap_calls, 0);
+}
+
 TEST(PremappedRegionTest, HeadroomIsKeptFree) {
   FakeHostOs host(Os::Default());
   host.files["/proc/meminfo"] = FakeMeminfo(100 * 1024);  // 100 MiB
