@@ -13,8 +13,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/synchronization/mutex.h"
 #include "common/human_bytes.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "env/host_facts.h"
 #include "logging/log.h"
@@ -155,21 +155,17 @@ class Prefaulter {
       }
     }
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       spawned_ = static_cast<int>(workers.size());
     }
     for (;;) {
-      mu_.Lock();
-      const bool finished = mu_.AwaitWithTimeout(
-          absl::Condition(this, &Prefaulter::AllFinished), absl::Seconds(1));
-      mu_.Unlock();
-      if (finished) break;
+      if (WaitForWorkers(absl::Seconds(1))) break;
       const uint64_t done = done_bytes_.load(std::memory_order_relaxed);
       LOG(INFO) << "Premapping memory: " << done << " of " << length_
                 << " bytes (" << done * 100 / length_ << "%)";
     }
     for (std::thread& t : workers) t.join();
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return first_error_;
   }
 
@@ -178,7 +174,7 @@ class Prefaulter {
     // Thread placement only affects speed: a failure is worth one warning.
     absl::Status bound = os_.NumaRunOnNode(node_);
     if (!bound.ok()) {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (!warned_bind_) {
         warned_bind_ = true;
         LOG(WARNING) << "Cannot bind pre-fault threads to NUMA node " << node_
@@ -198,12 +194,21 @@ class Prefaulter {
       }
       done_bytes_.fetch_add(len, std::memory_order_relaxed);
     }
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     ++finished_;
+    finished_cv_.SignalAll();
   }
 
-  bool AllFinished() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return finished_ == spawned_;
+  // True when every started worker has finished within `timeout`.
+  bool WaitForWorkers(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    MutexLock lock(&mu_);
+    while (finished_ != spawned_) {
+      if (finished_cv_.WaitWithDeadline(&mu_, deadline)) {
+        return finished_ == spawned_;
+      }
+    }
+    return true;
   }
 
   absl::Status Populate(char* p, uint64_t len) {
@@ -221,7 +226,7 @@ class Prefaulter {
   }
 
   void Fail(const absl::Status& status) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (first_error_.ok()) first_error_ = status;
     failed_.store(true, std::memory_order_relaxed);
   }
@@ -236,9 +241,10 @@ class Prefaulter {
   std::atomic<uint64_t> done_bytes_{0};
   std::atomic<bool> failed_{false};
   std::atomic<bool> touch_fallback_{false};
-  absl::Mutex mu_;
+  Mutex mu_;
   int spawned_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until all are started
   int finished_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar finished_cv_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool warned_bind_ ABSL_GUARDED_BY(mu_) = false;
 };

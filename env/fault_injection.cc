@@ -364,7 +364,7 @@ absl::StatusOr<void*> FaultInjectingOs::Mmap(void* addr, size_t length,
   absl::StatusOr<void*> p =
       OsWrapper::Mmap(addr, length, prot, flags, fd, offset);
   if (p.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Add(mapped_, *p, length);
   }
   return p;
@@ -373,7 +373,7 @@ absl::StatusOr<void*> FaultInjectingOs::Mmap(void* addr, size_t length,
 absl::Status FaultInjectingOs::Munmap(void* addr, size_t length) {
   absl::Status status = OsWrapper::Munmap(addr, length);
   if (status.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Subtract(mapped_, addr, length);
     // Unmapping also drops any lock on those pages.
     Subtract(locked_, addr, length);
@@ -399,7 +399,7 @@ absl::Status FaultInjectingOs::Mlock(const void* addr, size_t length,
   }
   absl::Status status = OsWrapper::Mlock(addr, length, when);
   if (status.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Add(locked_, addr, length);
   }
   return status;
@@ -408,7 +408,7 @@ absl::Status FaultInjectingOs::Mlock(const void* addr, size_t length,
 absl::Status FaultInjectingOs::Munlock(const void* addr, size_t length) {
   absl::Status status = OsWrapper::Munlock(addr, length);
   if (status.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     Subtract(locked_, addr, length);
   }
   return status;
@@ -423,7 +423,7 @@ absl::Status FaultInjectingOs::PinRange(const void* addr, size_t length) {
   }
   absl::Status status = OsWrapper::PinRange(addr, length);
   if (status.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     pinned_.emplace(reinterpret_cast<uintptr_t>(addr), length);
   }
   return status;
@@ -432,7 +432,7 @@ absl::Status FaultInjectingOs::PinRange(const void* addr, size_t length) {
 absl::Status FaultInjectingOs::UnpinRange(const void* addr, size_t length) {
   absl::Status status = OsWrapper::UnpinRange(addr, length);
   if (status.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = pinned_.find({reinterpret_cast<uintptr_t>(addr), length});
     if (it != pinned_.end()) pinned_.erase(it);
   }
@@ -468,7 +468,7 @@ absl::StatusOr<int> FaultInjectingOs::CreateLogFile(const std::string& path) {
   }
   absl::StatusOr<int> fd = OsWrapper::CreateLogFile(path);
   if (fd.ok()) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     open_fds_.insert(*fd);
   }
   return fd;
@@ -476,31 +476,31 @@ absl::StatusOr<int> FaultInjectingOs::CreateLogFile(const std::string& path) {
 
 absl::Status FaultInjectingOs::Close(int fd) {
   absl::Status status = OsWrapper::Close(fd);
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   // close() releases the descriptor even when it reports an error.
   open_fds_.erase(fd);
   return status;
 }
 
 uint64_t FaultInjectingOs::mapped_bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return Total(mapped_);
 }
 
 uint64_t FaultInjectingOs::locked_bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return Total(locked_);
 }
 
 uint64_t FaultInjectingOs::pinned_bytes() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   uint64_t total = 0;
   for (const auto& [addr, length] : pinned_) total += length;
   return total;
 }
 
 size_t FaultInjectingOs::open_files() const {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return open_fds_.size();
 }
 

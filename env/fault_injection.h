@@ -42,7 +42,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "env/os.h"
 
 namespace tpushim {
@@ -193,7 +193,7 @@ class FaultInjectingOs : public OsWrapper {
   static uint64_t Total(const Intervals& set);
 
   FaultInjector* const faults_;
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   Intervals mapped_ ABSL_GUARDED_BY(mu_);
   Intervals locked_ ABSL_GUARDED_BY(mu_);
   // Pins may nest (two transfers over one page), so they are counted by

@@ -7,7 +7,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "logging/glog_format.h"
 #include "logging/log_files.h"
 
@@ -25,20 +25,20 @@ class OpenLogFiles {
   }
 
   void Add(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     paths_.insert(path);
   }
   void Remove(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     paths_.erase(path);
   }
   bool Contains(const std::string& path) ABSL_LOCKS_EXCLUDED(mu_) {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     return paths_.count(path) != 0;
   }
 
  private:
-  absl::Mutex mu_;
+  Mutex mu_;
   std::set<std::string> paths_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -12,7 +12,7 @@
 #include "absl/base/attributes.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/mutex.h"
+#include "common/mutex.h"
 #include "logging/glog_format.h"
 #include "logging/log_directory.h"
 #include "logging/log_state.h"
@@ -39,15 +39,15 @@ ABSL_CONST_INIT std::atomic<uint64_t> vlog_generation{0};
 
 struct Globals {
   // Serializes InitLogging and ShutdownLogging.
-  absl::Mutex init_mu;
+  Mutex init_mu;
 
   // Held shared by LOG for as long as it takes to queue a message, and
   // exclusively to install or remove a configuration.
-  absl::Mutex mu ABSL_ACQUIRED_AFTER(init_mu);
+  SharedMutex mu ABSL_ACQUIRED_AFTER(init_mu);
   std::shared_ptr<LoggingState> state ABSL_GUARDED_BY(mu);
 
   // What VLOG levels are computed from. Never held together with `mu`.
-  absl::Mutex vlog_mu ABSL_ACQUIRED_AFTER(init_mu);
+  SharedMutex vlog_mu ABSL_ACQUIRED_AFTER(init_mu);
   std::vector<VmoduleEntry> vmodule ABSL_GUARDED_BY(vlog_mu);
   bool info_enabled ABSL_GUARDED_BY(vlog_mu) = false;
 };
@@ -69,7 +69,7 @@ std::shared_ptr<LoggingState> Install(std::shared_ptr<LoggingState> state,
                                       const LogConfig* config) {
   Globals& g = GetGlobals();
   {
-    absl::WriterMutexLock lock(&g.mu);
+    WriterMutexLock lock(&g.mu);
     std::swap(g.state, state);
     min_level.store(
         static_cast<int>(config != nullptr ? config->min_level
@@ -77,7 +77,7 @@ std::shared_ptr<LoggingState> Install(std::shared_ptr<LoggingState> state,
         std::memory_order_relaxed);
   }
   {
-    absl::MutexLock lock(&g.vlog_mu);
+    WriterMutexLock lock(&g.vlog_mu);
     g.vmodule =
         config != nullptr ? config->vmodule : std::vector<VmoduleEntry>();
     g.info_enabled = config != nullptr && config->min_level <= Severity::kInfo;
@@ -156,7 +156,7 @@ absl::Status InitLogging(const LogConfig& config, Os* os) {
     return status;
   }
   Globals& g = GetGlobals();
-  absl::MutexLock init_lock(&g.init_mu);
+  MutexLock init_lock(&g.init_mu);
 
   const internal::LogDirectoryChoice choice =
       internal::ChooseLogDirectory(*os, config.log_dir);
@@ -186,7 +186,7 @@ absl::Status InitLogging(const LogConfig& config, Os* os) {
 
 void ShutdownLogging() {
   Globals& g = GetGlobals();
-  absl::MutexLock init_lock(&g.init_mu);
+  MutexLock init_lock(&g.init_mu);
   std::shared_ptr<LoggingState> previous = Install(nullptr, nullptr);
   if (previous != nullptr) previous->Stop();
 }
@@ -195,7 +195,7 @@ bool FlushLogs(absl::Duration timeout) {
   Globals& g = GetGlobals();
   std::shared_ptr<LoggingState> state;
   {
-    absl::ReaderMutexLock lock(&g.mu);
+    ReaderMutexLock lock(&g.mu);
     state = g.state;
   }
   return state == nullptr || state->Flush(timeout);
@@ -203,25 +203,25 @@ bool FlushLogs(absl::Duration timeout) {
 
 std::string ActiveLogDirectory() {
   Globals& g = GetGlobals();
-  absl::ReaderMutexLock lock(&g.mu);
+  ReaderMutexLock lock(&g.mu);
   return g.state != nullptr ? g.state->directory() : std::string();
 }
 
 uint64_t DroppedMessageCount() {
   Globals& g = GetGlobals();
-  absl::ReaderMutexLock lock(&g.mu);
+  ReaderMutexLock lock(&g.mu);
   return g.state != nullptr ? g.state->DroppedMessageCount() : 0;
 }
 
 uint64_t FileWriteErrorCount() {
   Globals& g = GetGlobals();
-  absl::ReaderMutexLock lock(&g.mu);
+  ReaderMutexLock lock(&g.mu);
   return g.state != nullptr ? g.state->FileWriteErrorCount() : 0;
 }
 
 bool VlogIsOn(int level, const char* file) {
   Globals& g = GetGlobals();
-  absl::ReaderMutexLock lock(&g.vlog_mu);
+  ReaderMutexLock lock(&g.vlog_mu);
   return level <= VlogLevelLocked(g, file);
 }
 
@@ -237,7 +237,7 @@ LogMessage::~LogMessage() {
       MakeMessage(file_, line_, nullptr, severity_, text);
   {
     Globals& g = GetGlobals();
-    absl::ReaderMutexLock lock(&g.mu);
+    ReaderMutexLock lock(&g.mu);
     if (g.state != nullptr) {
       g.state->Post(msg);
       return;
@@ -259,7 +259,7 @@ void LogFatalAndAbort(const char* file, int line, absl::string_view message) {
   std::shared_ptr<LoggingState> state;
   {
     Globals& g = GetGlobals();
-    absl::ReaderMutexLock lock(&g.mu);
+    ReaderMutexLock lock(&g.mu);
     state = g.state;
     if (state != nullptr) state->Post(msg);
   }
@@ -286,7 +286,7 @@ bool VlogSiteIsOn(VlogSite& site, int level, const char* file) {
     // Recomputed under vlog_mu, so that the last writer of a site always
     // stores the level of the newest configuration with its generation.
     Globals& g = GetGlobals();
-    absl::MutexLock lock(&g.vlog_mu);
+    WriterMutexLock lock(&g.vlog_mu);
     site.level.store(VlogLevelLocked(g, file), std::memory_order_relaxed);
     site.generation.store(vlog_generation.load(std::memory_order_relaxed),
                           std::memory_order_release);

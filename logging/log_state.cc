@@ -85,7 +85,7 @@ class ControlSink final : public spdlog::sinks::base_sink<std::mutex> {
 }  // namespace
 
 void FlushBarriers::Complete(uint64_t seq) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   completed_ = std::max(completed_, seq);
   done_.SignalAll();
 }
@@ -95,7 +95,7 @@ void FlushBarriers::CompleteAll() {
 }
 
 bool FlushBarriers::WaitUntilDone(uint64_t seq, absl::Time deadline) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   while (completed_ < seq) {
     if (done_.WaitWithDeadline(&mu_, deadline)) return completed_ >= seq;
   }
@@ -168,7 +168,7 @@ void LoggingState::Post(const spdlog::details::log_msg& msg) {
 }
 
 uint64_t LoggingState::PostBarrier(uint64_t* overruns_before) {
-  absl::ReaderMutexLock lock(&post_mu_);
+  ReaderMutexLock lock(&post_mu_);
   if (pool_ == nullptr) return 0;
   const uint64_t seq = next_barrier_.fetch_add(1) + 1;
   *overruns_before = pool_->overrun_counter();
@@ -192,7 +192,7 @@ bool LoggingState::Flush(absl::Duration timeout) {
     if (absl::Now() >= deadline) return false;
     uint64_t overruns_now = 0;
     {
-      absl::ReaderMutexLock lock(&post_mu_);
+      ReaderMutexLock lock(&post_mu_);
       // Stopping: Stop completes every barrier once the queue is drained.
       if (pool_ == nullptr) continue;
       overruns_now = pool_->overrun_counter();
@@ -205,7 +205,7 @@ bool LoggingState::Flush(absl::Duration timeout) {
 void LoggingState::Stop() {
   std::shared_ptr<spdlog::details::thread_pool> pool;
   {
-    absl::WriterMutexLock lock(&post_mu_);
+    WriterMutexLock lock(&post_mu_);
     if (pool_ == nullptr) return;
     dropped_at_stop_ = pool_->overrun_counter();
     pool = std::move(pool_);
@@ -220,7 +220,7 @@ void LoggingState::Stop() {
 }
 
 uint64_t LoggingState::DroppedMessageCount() {
-  absl::ReaderMutexLock lock(&post_mu_);
+  ReaderMutexLock lock(&post_mu_);
   return pool_ != nullptr ? pool_->overrun_counter() : dropped_at_stop_;
 }
 

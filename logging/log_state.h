@@ -28,8 +28,8 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "env/os.h"
 #include "logging/glog_file_sink.h"
 #include "logging/log.h"
@@ -52,8 +52,8 @@ class FlushBarriers {
       ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
-  absl::Mutex mu_;
-  absl::CondVar done_;
+  Mutex mu_;
+  CondVar done_;
   uint64_t completed_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
@@ -117,7 +117,7 @@ class LoggingState {
 
   // Held shared while posting a barrier or reading the queue, exclusively
   // to retire the queue.
-  absl::Mutex post_mu_;
+  SharedMutex post_mu_;
   // The queue and writer thread; null once Stop has begun.
   std::shared_ptr<spdlog::details::thread_pool> pool_ ABSL_GUARDED_BY(post_mu_);
   // DroppedMessageCount at Stop.

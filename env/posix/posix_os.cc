@@ -25,6 +25,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "common/mutex.h"
 #include "env/os.h"
 
 namespace tpushim {
@@ -175,6 +176,7 @@ class PosixOs final : public Os {
 
   int NumaNodeCount() override {
     if (!numa_available_) return 1;
+    MutexLock lock(&numa_mu_);
     return numa_num_configured_nodes() > 0 ? numa_num_configured_nodes() : 1;
   }
 
@@ -182,6 +184,7 @@ class PosixOs final : public Os {
     if (!numa_available_) return 0;
     const int cpu = sched_getcpu();
     if (cpu < 0) return 0;
+    MutexLock lock(&numa_mu_);
     const int node = numa_node_of_cpu(cpu);
     return node < 0 ? 0 : node;
   }
@@ -192,6 +195,7 @@ class PosixOs final : public Os {
       return absl::InvalidArgumentError(absl::StrCat(
           "NUMA node ", node, " requested but this host has no NUMA support"));
     }
+    MutexLock lock(&numa_mu_);
     if (node < 0 || node > numa_max_node()) {
       return absl::InvalidArgumentError(
           absl::StrCat("NUMA node ", node, " does not exist (nodes 0..",
@@ -213,6 +217,7 @@ class PosixOs final : public Os {
       return absl::InvalidArgumentError(absl::StrCat(
           "NUMA node ", node, " requested but this host has no NUMA support"));
     }
+    MutexLock lock(&numa_mu_);
     if (numa_run_on_node(node) != 0) {
       return ErrnoStatus(errno, absl::StrCat("numa_run_on_node(", node, ")"));
     }
@@ -220,6 +225,7 @@ class PosixOs final : public Os {
   }
 
   absl::StatusOr<NumaNodeMemory> NumaMemoryOfNode(int node) override {
+    MutexLock lock(&numa_mu_);
     if (!numa_available_ || node < 0 || node > numa_max_node()) {
       if (!numa_available_ && node == 0) {
         // Without NUMA the whole machine is node 0.
@@ -410,6 +416,11 @@ class PosixOs final : public Os {
 
  private:
   const bool numa_available_;
+  // libnuma caches node masks in globals it fills in without locking
+  // (numa_node_to_cpus, reached from numa_run_on_node, races when two
+  // pre-fault threads bind at once: found by ThreadSanitizer), so every
+  // libnuma call here holds this.
+  Mutex numa_mu_;
 };
 
 }  // namespace

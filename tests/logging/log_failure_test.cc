@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/notification.h"
+#include "common/mutex.h"
 #include "env/fault_injection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -188,8 +188,8 @@ TEST_F(LogFailureTest, SymlinkFailureIsOneWarningAndLoggingGoesOn) {
 TEST_F(LogFailureTest, FullQueueDropsOldestMessagesCountsAndReportsThem) {
   constexpr size_t kQueueSize = 8;
   constexpr int kExtra = 10;
-  absl::Notification writer_blocked;
-  absl::Notification release_writer;
+  Notification writer_blocked;
+  Notification release_writer;
   os_.BlockFirstFileWrite(&writer_blocked, &release_writer);
   LogConfig config = TestConfig(dir_.path());
   config.queue_size = kQueueSize;

@@ -17,6 +17,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/mutex.h"
 #include "gtest/gtest.h"
 
 namespace tpushim::logging::log_test {
@@ -63,63 +64,62 @@ TestOs::TestOs()
                          test_os_counter.fetch_add(1))) {}
 
 void TestOs::SetNow(absl::Time now) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   now_ = now;
 }
 
 void TestOs::SetMonotonicNanos(int64_t nanos) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   monotonic_ = nanos;
 }
 
 void TestOs::SetProcessId(pid_t pid) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   pid_ = pid;
 }
 
 void TestOs::SetEffectiveUid(uid_t uid) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   euid_ = uid;
 }
 
 void TestOs::SetLivePids(std::set<pid_t> pids) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   live_pids_ = std::move(pids);
 }
 
 void TestOs::FakeLstat(const std::string& path, FileInfo info) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   lstat_[path] = info;
 }
 
 void TestOs::FakeStat(const std::string& path, FileInfo info) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   stat_[path] = info;
 }
 
 void TestOs::FailAccess(const std::string& path, absl::Status status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   access_[path] = std::move(status);
 }
 
 void TestOs::FailMakeDirectory(const std::string& path, absl::Status status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   mkdir_[path] = std::move(status);
 }
 
 void TestOs::FailSymlinks(absl::Status status) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   symlink_status_ = std::move(status);
 }
 
 void TestOs::SetDiskFull(bool full) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   disk_full_ = full;
 }
 
-void TestOs::BlockFirstFileWrite(absl::Notification* entered,
-                                 absl::Notification* release) {
-  absl::MutexLock lock(&mu_);
+void TestOs::BlockFirstFileWrite(Notification* entered, Notification* release) {
+  MutexLock lock(&mu_);
   block_entered_ = entered;
   block_release_ = release;
 }
@@ -130,7 +130,7 @@ std::string TestOs::fallback_dir() const {
 
 absl::Time TestOs::Now() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (now_.has_value()) return *now_;
   }
   return OsWrapper::Now();
@@ -138,30 +138,30 @@ absl::Time TestOs::Now() {
 
 int64_t TestOs::MonotonicNanos() {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (monotonic_.has_value()) return *monotonic_;
   }
   return OsWrapper::MonotonicNanos();
 }
 
 pid_t TestOs::ProcessId() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return pid_;
 }
 
 uid_t TestOs::EffectiveUid() {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return euid_;
 }
 
 bool TestOs::ProcessExists(pid_t pid) {
-  absl::MutexLock lock(&mu_);
+  MutexLock lock(&mu_);
   return live_pids_.count(pid) != 0;
 }
 
 absl::StatusOr<FileInfo> TestOs::Lstat(const std::string& path) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = lstat_.find(path);
     if (it != lstat_.end()) return it->second;
   }
@@ -170,7 +170,7 @@ absl::StatusOr<FileInfo> TestOs::Lstat(const std::string& path) {
 
 absl::StatusOr<FileInfo> TestOs::Stat(const std::string& path) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = stat_.find(path);
     if (it != stat_.end()) return it->second;
   }
@@ -179,7 +179,7 @@ absl::StatusOr<FileInfo> TestOs::Stat(const std::string& path) {
 
 absl::Status TestOs::Access(const std::string& path, int mode) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = access_.find(path);
     if (it != access_.end()) return it->second;
   }
@@ -188,7 +188,7 @@ absl::Status TestOs::Access(const std::string& path, int mode) {
 
 absl::Status TestOs::MakeDirectory(const std::string& path, mode_t mode) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     auto it = mkdir_.find(path);
     if (it != mkdir_.end()) return it->second;
   }
@@ -198,7 +198,7 @@ absl::Status TestOs::MakeDirectory(const std::string& path, mode_t mode) {
 absl::Status TestOs::Symlink(const std::string& target,
                              const std::string& link) {
   {
-    absl::MutexLock lock(&mu_);
+    MutexLock lock(&mu_);
     if (!symlink_status_.ok()) return symlink_status_;
   }
   return OsWrapper::Symlink(target, link);
@@ -206,10 +206,10 @@ absl::Status TestOs::Symlink(const std::string& target,
 
 absl::Status TestOs::WriteAll(int fd, const void* data, size_t size) {
   if (fd != STDERR_FILENO) {
-    absl::Notification* entered = nullptr;
-    absl::Notification* release = nullptr;
+    Notification* entered = nullptr;
+    Notification* release = nullptr;
     {
-      absl::MutexLock lock(&mu_);
+      MutexLock lock(&mu_);
       if (disk_full_) return absl::ErrnoToStatus(ENOSPC, "write");
       std::swap(entered, block_entered_);
       std::swap(release, block_release_);

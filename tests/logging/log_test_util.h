@@ -21,9 +21,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
-#include "absl/synchronization/notification.h"
 #include "absl/time/time.h"
+#include "common/mutex.h"
 #include "env/os.h"
 #include "logging/log.h"
 #include "tests/testing/temp_dir.h"
@@ -115,8 +114,7 @@ class TestOs : public OsWrapper {
   // The first WriteAll to a descriptor other than stderr notifies
   // `entered` and waits for `release` before writing. Both must outlive
   // that call.
-  void BlockFirstFileWrite(absl::Notification* entered,
-                           absl::Notification* release);
+  void BlockFirstFileWrite(Notification* entered, Notification* release);
 
   std::string user() const { return user_; }
   // "/tmp/tpu_logs_<user>".
@@ -141,7 +139,7 @@ class TestOs : public OsWrapper {
  private:
   const std::string user_;
 
-  mutable absl::Mutex mu_;
+  mutable Mutex mu_;
   std::optional<absl::Time> now_ ABSL_GUARDED_BY(mu_);
   std::optional<int64_t> monotonic_ ABSL_GUARDED_BY(mu_);
   pid_t pid_ ABSL_GUARDED_BY(mu_) = kPid;
@@ -153,8 +151,8 @@ class TestOs : public OsWrapper {
   std::map<std::string, absl::Status> mkdir_ ABSL_GUARDED_BY(mu_);
   absl::Status symlink_status_ ABSL_GUARDED_BY(mu_);
   bool disk_full_ ABSL_GUARDED_BY(mu_) = false;
-  absl::Notification* block_entered_ ABSL_GUARDED_BY(mu_) = nullptr;
-  absl::Notification* block_release_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Notification* block_entered_ ABSL_GUARDED_BY(mu_) = nullptr;
+  Notification* block_release_ ABSL_GUARDED_BY(mu_) = nullptr;
 };
 
 // A LogConfig for tests: files in `dir`, nothing on stderr below FATAL,
