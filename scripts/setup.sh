@@ -8,7 +8,6 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev libnuma-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
-  python3
 )
 
 if [[ "$(id -u)" -eq 0 ]]; then
