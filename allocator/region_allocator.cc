@@ -33,7 +33,9 @@ struct RegionAllocator::Snapshot {
 };
 
 RegionAllocator::RegionAllocator(void* base, uint64_t capacity, Config config)
-    : base_(reinterpret_cast<uintptr_t>(base)),
+    : kind_(config.kind),
+      memory_name_(std::move(config.memory_name)),
+      base_(reinterpret_cast<uintptr_t>(base)),
       capacity_(capacity / kUnit * kUnit),
       threshold_(config.threshold == 0 ? capacity_
                                        : std::min(config.threshold, capacity_)),
@@ -154,18 +156,67 @@ uint32_t RegionAllocator::SplitAt(uint32_t b, uint64_t size) {
   return rest;
 }
 
+std::string RegionAllocator::What() const {
+  return kind_ == Kind::kPremappedHost
+             ? std::string("the premapped region")
+             : absl::StrCat("device memory ", memory_name_);
+}
+
+void RegionAllocator::LogFailure(const absl::Status& status) const {
+  if (kind_ == Kind::kPremappedHost) {
+    LOG(ERROR) << "Allocating buffer from premapped region failed with: "
+               << status;
+  } else {
+    Snapshot s;
+    {
+      MutexLock lock(&mu_);
+      s = TakeSnapshot();
+    }
+    LOG(ERROR) << status << " Device memory " << memory_name_
+               << ": largest free block " << HumanReadableBytes(s.largest_free)
+               << ", capacity " << HumanReadableBytes(capacity_) << ", "
+               << s.live << " live allocations.";
+  }
+  if (dump_on_oom_) LOG(INFO) << DebugDump();
+}
+
+void* RegionAllocator::TakeBlockLocked(uint64_t size, size_t alignment) {
+  const uint64_t rounded = RoundUp(size, kUnit);
+  const uint64_t search = rounded + (alignment - kUnit);
+  uint32_t b = search > capacity_ ? kNil : FindFree(search);
+  if (b == kNil) return nullptr;
+  RemoveFree(b);
+  const uint64_t address = base_ + blocks_[b].offset;
+  const uint64_t pad = RoundUp(address, alignment) - address;
+  if (pad > 0) {
+    // The block keeps the leading pad, which goes back to the free lists;
+    // the aligned remainder becomes the allocation.
+    const uint32_t aligned = SplitAt(b, pad);
+    InsertFree(b);
+    b = aligned;
+  }
+  if (blocks_[b].size - rounded >= kUnit) InsertFree(SplitAt(b, rounded));
+  live_.emplace(blocks_[b].offset, b);
+  bytes_in_use_ += blocks_[b].size;
+  peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);
+  ++allocations_;
+  return reinterpret_cast<void*>(base_ + blocks_[b].offset);
+}
+
 absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
                                                 size_t alignment) {
   if (size == 0) {
-    return absl::InvalidArgumentError(
-        "Attempting to allocate 0 bytes from the premapped region; sizes "
-        "must be at least 1");
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Attempting to allocate 0 bytes from ", What(),
+        "; sizes must be at least 1"));
   }
   if (alignment == 0 || (alignment & (alignment - 1)) != 0 ||
       alignment > kMaxAlignment) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "alignment ", alignment,
-        " is not a power of two between 1 and 4096 for a premapped buffer"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("alignment ", alignment,
+                     " is not a power of two between 1 and 4096 for a buffer "
+                     "from ",
+                     What()));
   }
   alignment = std::max<size_t>(alignment, kUnit);
 
@@ -194,9 +245,6 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
         "), the largest buffer the premapped region serves.", hint));
   }
 
-  const uint64_t rounded = RoundUp(size, kUnit);
-  const uint64_t search = rounded + (alignment - kUnit);
-
   if (faults_ != nullptr) {
     absl::Status injected = faults_->Check(
         FaultPoint::kAlloc, [&] { return OutOfMemory(size, alignment); });
@@ -205,52 +253,39 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
         MutexLock lock(&mu_);
         ++failures_;
       }
-      LOG(ERROR) << "Allocating buffer from premapped region failed with: "
-                 << injected;
-      if (dump_on_oom_) LOG(INFO) << DebugDump();
+      LogFailure(injected);
       return injected;
     }
   }
 
-  void* result = nullptr;
   {
     MutexLock lock(&mu_);
-    uint32_t b = search > capacity_ ? kNil : FindFree(search);
-    if (b != kNil) {
-      RemoveFree(b);
-      const uint64_t address = base_ + blocks_[b].offset;
-      const uint64_t pad = RoundUp(address, alignment) - address;
-      if (pad > 0) {
-        // The block keeps the leading pad, which goes back to the free
-        // lists; the aligned remainder becomes the allocation.
-        const uint32_t aligned = SplitAt(b, pad);
-        InsertFree(b);
-        b = aligned;
-      }
-      if (blocks_[b].size - rounded >= kUnit) InsertFree(SplitAt(b, rounded));
-      live_.emplace(blocks_[b].offset, b);
-      bytes_in_use_ += blocks_[b].size;
-      peak_bytes_in_use_ = std::max(peak_bytes_in_use_, bytes_in_use_);
-      ++allocations_;
-      result = reinterpret_cast<void*>(base_ + blocks_[b].offset);
-    } else {
-      ++failures_;
-    }
+    if (void* result = TakeBlockLocked(size, alignment)) return result;
+    ++failures_;
   }
-  if (result != nullptr) return result;
-
   absl::Status status = OutOfMemory(size, alignment);
-  LOG(ERROR) << "Allocating buffer from premapped region failed with: "
-             << status;
-  if (dump_on_oom_) LOG(INFO) << DebugDump();
+  LogFailure(status);
   return status;
+}
+
+void* RegionAllocator::TryAllocate(uint64_t size, size_t alignment) {
+  alignment = std::max<size_t>(alignment, kUnit);
+  if (size == 0 || size > threshold_) return nullptr;
+  if (faults_ != nullptr &&
+      !faults_->Check(FaultPoint::kAlloc,
+                      [&] { return OutOfMemory(size, alignment); })
+           .ok()) {
+    return nullptr;
+  }
+  MutexLock lock(&mu_);
+  return TakeBlockLocked(size, alignment);
 }
 
 absl::Status RegionAllocator::Free(void* ptr) {
   if (ptr == nullptr || !Contains(ptr, 1)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "Free(%p): the pointer is not inside the premapped region [%p, %p)",
-        ptr, base(), reinterpret_cast<void*>(base_ + capacity_)));
+        "Free(%p): the pointer is not inside %s [%p, %p)", ptr, What(),
+        base(), reinterpret_cast<void*>(base_ + capacity_)));
   }
   const uint64_t offset = reinterpret_cast<uintptr_t>(ptr) - base_;
   {
@@ -288,9 +323,9 @@ absl::Status RegionAllocator::Free(void* ptr) {
     }
   }
   return absl::InvalidArgumentError(absl::StrFormat(
-      "Free(%p): not a live allocation of the premapped region (freed "
-      "twice, or a pointer into the middle of a buffer)",
-      ptr));
+      "Free(%p): not a live allocation of %s (freed twice, or a pointer "
+      "into the middle of a buffer)",
+      ptr, What()));
 }
 
 uint64_t RegionAllocator::AllocationSize(const void* ptr) const {
@@ -320,6 +355,12 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
   {
     MutexLock lock(&mu_);
     s = TakeSnapshot();
+  }
+  if (kind_ == Kind::kDeviceMemory) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "Error allocating device buffer: Attempting to allocate ",
+        HumanReadableBytes(size), ". That was not possible. There are ",
+        HumanReadableBytes(s.free_bytes), " free.; (", memory_name_, ")"));
   }
   const double fragmentation =
       s.free_bytes == 0 ? 0.0

@@ -58,7 +58,23 @@ class RegionAllocator {
   static constexpr size_t kAlignment = 64;
   static constexpr size_t kMaxAlignment = 4096;
 
+  // What the allocator serves, which decides its error texts.
+  enum class Kind {
+    // The premapped host region: errors name the TPU_PREMAPPED_* variables
+    // and are logged as "Allocating buffer from premapped region failed
+    // with: ...".
+    kPremappedHost,
+    // A device's memory: running out is XLA's
+    // "Error allocating device buffer: Attempting to allocate 8.00M. That
+    // was not possible. There are 6.43M free.; (0x0x1_HBM0)", with the
+    // details logged at ERROR on a line of their own.
+    kDeviceMemory,
+  };
+
   struct Config {
+    Kind kind = Kind::kPremappedHost;
+    // kDeviceMemory: the memory's name as XLA prints it, e.g. "0x0x1_HBM0".
+    std::string memory_name{};
     // Largest single allocation; 0 means the capacity.
     uint64_t threshold = 0;
     // TPUSHIM_DUMP_ON_OOM: also log a dump of the allocator on failure.
@@ -95,6 +111,13 @@ class RegionAllocator {
   // Returns `size` bytes aligned to `alignment` (at least 64). The memory
   // stays valid until Free; its contents are whatever was there before.
   absl::StatusOr<void*> Allocate(uint64_t size, size_t alignment = kAlignment);
+
+  // Like Allocate, for transient buffers whose caller has a fallback (the
+  // transfer engine's staging): returns null instead of an error when the
+  // request cannot be served now (no free block, above the threshold, or an
+  // injected `alloc` fault), logs nothing and counts no failure.
+  // REQUIRES: size >= 1, alignment a power of two <= 4096.
+  void* TryAllocate(uint64_t size, size_t alignment = kAlignment);
 
   // Returns a block from Allocate to the region. INVALID_ARGUMENT (and no
   // change) for anything else.
@@ -147,6 +170,15 @@ class RegionAllocator {
 
   static void Mapping(uint64_t units, int* fl, int* sl);
 
+  // Takes a block for `size` bytes at `alignment` (>= 64) and returns its
+  // address, or null when no free block can serve it.
+  void* TakeBlockLocked(uint64_t size, size_t alignment)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "the premapped region" or "device memory <name>", for messages.
+  std::string What() const;
+  // Logs a failed Allocate at ERROR in the form of its Kind.
+  void LogFailure(const absl::Status& status) const;
+
   uint32_t NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseBlock(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InsertFree(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -167,6 +199,8 @@ class RegionAllocator {
   friend class RegionAllocatorTestPeer;
 
   // Constant after construction.
+  const Kind kind_;
+  const std::string memory_name_;
   const uintptr_t base_;
   const uint64_t capacity_;
   const uint64_t threshold_;

@@ -148,6 +148,14 @@ class CondVar {
     const struct timespec deadline = absl::ToTimespec(until);
     return pthread_cond_timedwait(&cv_, &mu->mu_, &deadline) == ETIMEDOUT;
   }
+  // Returns true when CLOCK_MONOTONIC reached `deadline_ns` first.
+  bool WaitUntilMonotonicNanos(Mutex* mu, int64_t deadline_ns)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
+    struct timespec deadline;
+    deadline.tv_sec = static_cast<time_t>(deadline_ns / 1'000'000'000);
+    deadline.tv_nsec = static_cast<long>(deadline_ns % 1'000'000'000);
+    return pthread_cond_timedwait(&cv_, &mu->mu_, &deadline) == ETIMEDOUT;
+  }
   // Returns true when `deadline` (wall clock) passed first.
   bool WaitWithDeadline(Mutex* mu, absl::Time deadline)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {

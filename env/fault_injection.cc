@@ -474,6 +474,16 @@ absl::StatusOr<int> FaultInjectingOs::CreateLogFile(const std::string& path) {
   return fd;
 }
 
+absl::StatusOr<int> FaultInjectingOs::CreateOutputFile(
+    const std::string& path) {
+  absl::StatusOr<int> fd = OsWrapper::CreateOutputFile(path);
+  if (fd.ok()) {
+    MutexLock lock(&mu_);
+    open_fds_.insert(*fd);
+  }
+  return fd;
+}
+
 absl::Status FaultInjectingOs::Close(int fd) {
   absl::Status status = OsWrapper::Close(fd);
   MutexLock lock(&mu_);

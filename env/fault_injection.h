@@ -178,6 +178,7 @@ class FaultInjectingOs : public OsWrapper {
   absl::Status NumaBindMemory(void* addr, size_t length, int node) override;
   absl::Status NumaRunOnNode(int node) override;
   absl::StatusOr<int> CreateLogFile(const std::string& path) override;
+  absl::StatusOr<int> CreateOutputFile(const std::string& path) override;
   absl::Status Close(int fd) override;
 
   uint64_t mapped_bytes() const;

@@ -150,6 +150,10 @@ class Os {
   // existing file (ALREADY_EXISTS). Fault point `log_open`. The caller owns
   // the returned descriptor and must Close() it.
   virtual absl::StatusOr<int> CreateLogFile(const std::string& path) = 0;
+  // Creates or truncates a regular output file (a trace):
+  // open(O_WRONLY|O_CREAT|O_TRUNC|O_NOFOLLOW|O_CLOEXEC, 0644). The caller
+  // owns the descriptor and must Close() it.
+  virtual absl::StatusOr<int> CreateOutputFile(const std::string& path) = 0;
   // Writes all `size` bytes (retrying short writes and EINTR).
   virtual absl::Status WriteAll(int fd, const void* data, size_t size) = 0;
   virtual absl::Status Close(int fd) = 0;
@@ -243,6 +247,9 @@ class OsWrapper : public Os {
   }
   absl::StatusOr<int> CreateLogFile(const std::string& path) override {
     return target_->CreateLogFile(path);
+  }
+  absl::StatusOr<int> CreateOutputFile(const std::string& path) override {
+    return target_->CreateOutputFile(path);
   }
   absl::Status WriteAll(int fd, const void* data, size_t size) override {
     return target_->WriteAll(fd, data, size);

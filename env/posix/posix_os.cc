@@ -347,6 +347,14 @@ class PosixOs final : public Os {
     return absl::OkStatus();
   }
 
+  absl::StatusOr<int> CreateOutputFile(const std::string& path) override {
+    const int fd =
+        open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_NOFOLLOW | O_CLOEXEC,
+             0644);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+    return fd;
+  }
+
   absl::StatusOr<int> CreateLogFile(const std::string& path) override {
     const int fd = open(
         path.c_str(),

@@ -1,0 +1,181 @@
+// The device interface: what the transfer engine needs from an accelerator,
+// implemented by the simulated backend (driver/sim/) and, later, by PCIe
+// devices behind VFIO. Nothing above this interface knows which backend it
+// drives.
+//
+// A device has
+//  * an identity and capabilities (DeviceInfo);
+//  * device memory ("HBM"), allocated and freed by address;
+//  * host windows: ranges of host memory registered for DMA (the premapped
+//    region once at start-up; a pinned caller range for the length of one
+//    transfer), named in descriptors by window id + offset, as io_uring
+//    names registered buffers;
+//  * one DMA queue per direction: a power-of-two ring of fixed-width
+//    descriptors (DmaDescriptor, 64 bytes). Submit() copies descriptors into
+//    the ring and returns how many fit: a full ring is an ordinary return,
+//    not an error. Each descriptor completes exactly once, echoing its
+//    `user_data` to the completion sink with a status.
+//
+// Completion: the device calls DmaCompletionSink::OnDmaComplete on one of
+// its own threads ("DMA threads"), holding none of its locks, so the sink
+// may call Submit() again from inside. Descriptors of one queue start in
+// ring order; with several DMA engines per direction they may complete out
+// of order.
+//
+// Thread-safety: every method is thread-safe. Shutdown() must not race with
+// itself; after it returns, nothing calls the sink any more.
+//
+//   TPUSHIM_ASSIGN_OR_RETURN(HostWindowId w,
+//                            device.RegisterHostWindow(base, size));
+//   DmaDescriptor d{.user_data = 7, .length = n, .host_offset = 0,
+//                   .device_address = addr, .host_window = w,
+//                   .direction = DmaDirection::kHostToDevice};
+//   if (device.Submit(DmaDirection::kHostToDevice, {&d, 1}) == 0) {
+//     ... ring full: keep `d` and submit it after a completion ...
+//   }
+
+#ifndef TPUSHIM_DRIVER_DEVICE_H_
+#define TPUSHIM_DRIVER_DEVICE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+
+namespace tpushim {
+
+enum class DmaDirection : uint8_t {
+  kHostToDevice = 0,
+  kDeviceToHost = 1,
+  kDeviceToDevice = 2,
+};
+inline constexpr int kDmaDirectionCount = 3;
+// "h2d", "d2h", "d2d" (stats keys, trace names, the tools' JSON).
+absl::string_view DmaDirectionName(DmaDirection direction);
+// "host→device", "device→host", "device→device" (log lines).
+absl::string_view DmaDirectionDescription(DmaDirection direction);
+
+using HostWindowId = uint32_t;
+inline constexpr HostWindowId kInvalidHostWindow = ~HostWindowId{0};
+
+// One DMA operation. Fixed width (one cache line) so rings are arrays.
+//  * kHostToDevice: copies `length` bytes from host window `host_window` at
+//    `host_offset` to device memory at `device_address`.
+//  * kDeviceToHost: copies from `device_address` to the host window.
+//  * kDeviceToDevice: copies from `device_address` on this device to
+//    `peer_address` on device `peer_device` (which may be this device).
+// `length` is at least 1. Ranges that fall outside the window or the
+// device memory complete with OUT_OF_RANGE and copy nothing (as an IOMMU
+// fault would).
+struct alignas(64) DmaDescriptor {
+  uint64_t user_data = 0;  // echoed in the completion
+  uint64_t length = 0;
+  uint64_t host_offset = 0;
+  uint64_t device_address = 0;
+  uint64_t peer_address = 0;
+  HostWindowId host_window = kInvalidHostWindow;
+  uint32_t peer_device = 0;
+  DmaDirection direction = DmaDirection::kHostToDevice;
+};
+static_assert(sizeof(DmaDescriptor) == 64);
+
+struct DmaCompletion {
+  uint64_t user_data = 0;
+  // OK, or why the descriptor failed (OUT_OF_RANGE for a bad range, the
+  // backend's transfer error or an injected `dma` fault, CANCELLED when the
+  // device shut down before the descriptor started).
+  absl::Status status;
+  // When the device started and finished the descriptor (CLOCK_MONOTONIC
+  // ns, as Os::MonotonicNanos); equal when it never started.
+  int64_t start_ns = 0;
+  int64_t end_ns = 0;
+};
+
+// Receives completions. Implementations must be fast and must not block:
+// they run on the device's DMA threads.
+class DmaCompletionSink {
+ public:
+  virtual ~DmaCompletionSink() = default;
+  virtual void OnDmaComplete(DmaDirection direction,
+                             absl::Span<const DmaCompletion> completions) = 0;
+};
+
+struct DeviceInfo {
+  int id = 0;                 // index in its system, 0 .. N-1
+  std::string name;           // e.g. "sim:0"
+  std::string backend;        // "sim"
+  uint64_t hbm_bytes = 0;     // device memory capacity
+  int dma_engines = 1;        // DMA engines per direction
+  uint32_t ring_entries = 0;  // descriptors per queue ring (power of two)
+  std::optional<int> numa_node;  // the host NUMA node the device sits on
+  double link_gbps = 0;          // modelled link, 0 = unthrottled
+  double latency_us = 0;         // modelled per-descriptor latency
+};
+
+class Device {
+ public:
+  Device() = default;
+  Device(const Device&) = delete;
+  Device& operator=(const Device&) = delete;
+  virtual ~Device() = default;
+
+  virtual const DeviceInfo& info() const = 0;
+
+  // Where completions go. Must be called before the first Submit and not
+  // while descriptors are in flight; `sink` must outlive the device's use
+  // of it (until Shutdown returns).
+  virtual void SetCompletionSink(DmaCompletionSink* sink) = 0;
+
+  // ---- Device memory ------------------------------------------------------
+
+  // Allocates `size` bytes (>= 1) of device memory, 64-byte aligned, and
+  // returns its device address. RESOURCE_EXHAUSTED when it does not fit:
+  //   Error allocating device buffer: Attempting to allocate 8.00M. That was
+  //   not possible. There are 6.43M free.; (0x0x<id>_HBM0)
+  // (CONTRACTS §3), also logged at ERROR with the allocator's details.
+  // INVALID_ARGUMENT for size 0.
+  virtual absl::StatusOr<uint64_t> AllocateMemory(uint64_t size) = 0;
+  // Frees an address AllocateMemory returned. INVALID_ARGUMENT (and no
+  // change) for anything else. REQUIRES: no descriptor in flight uses it.
+  virtual absl::Status FreeMemory(uint64_t device_address) = 0;
+  // Bytes of device memory in use and free.
+  virtual uint64_t MemoryInUse() const = 0;
+
+  // ---- Host windows -------------------------------------------------------
+
+  // Makes [base, base + length) addressable by this device's DMA (an IOMMU
+  // mapping on real hardware). The caller keeps the memory valid (and, for
+  // real devices, pinned) until UnregisterHostWindow returns.
+  // INVALID_ARGUMENT for a null base or a zero length.
+  virtual absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
+                                                          uint64_t length) = 0;
+  // INVALID_ARGUMENT for an id that is not registered. REQUIRES: no
+  // descriptor in flight names the window.
+  virtual absl::Status UnregisterHostWindow(HostWindowId window) = 0;
+
+  // ---- DMA ----------------------------------------------------------------
+
+  // Copies descriptors into the ring of `direction` in order, as many as
+  // there is room for, and returns that count (0 when the ring is full or
+  // the device is shut down: then each refused descriptor is simply not
+  // accepted). Never blocks on the device.
+  virtual size_t Submit(DmaDirection direction,
+                        absl::Span<const DmaDescriptor> descriptors) = 0;
+
+  // Descriptors accepted and not yet completed, in `direction`.
+  virtual uint32_t InFlight(DmaDirection direction) const = 0;
+
+  // Stops the DMA engines: descriptors already started finish, the rest
+  // complete with CANCELLED; every accepted descriptor has completed when
+  // Shutdown returns, and Submit accepts nothing afterwards. Idempotent.
+  virtual void Shutdown() = 0;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_DRIVER_DEVICE_H_

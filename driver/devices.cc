@@ -1,0 +1,16 @@
+#include "driver/devices.h"
+
+#include "driver/sim/sim_device.h"
+
+namespace tpushim {
+
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
+    const DeviceUrl& url, Os* os, FaultInjector* faults) {
+  switch (url.scheme) {
+    case DeviceUrl::Scheme::kSim:
+      return CreateSimDevices(url, os, faults);
+  }
+  return absl::InvalidArgumentError("unknown device URL scheme");
+}
+
+}  // namespace tpushim

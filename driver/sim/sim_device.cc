@@ -1,0 +1,581 @@
+#include "driver/sim/sim_device.h"
+
+#include <pthread.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <deque>
+#include <thread>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "allocator/region_allocator.h"
+#include "common/cpu_relax.h"
+#include "common/human_bytes.h"
+#include "common/mutex.h"
+#include "common/status_macros.h"
+#include "logging/log.h"
+
+namespace tpushim {
+namespace {
+
+// Freed device buffers at least this large give their whole pages back.
+constexpr uint64_t kReleaseOnFreeBytes = uint64_t{64} << 20;
+
+// Host window ids: index in the low bits, a generation above it.
+constexpr int kWindowIndexBits = 20;
+constexpr uint32_t kWindowIndexMask = (1u << kWindowIndexBits) - 1;
+constexpr uint32_t kWindowGenerationMask = (1u << (32 - kWindowIndexBits)) - 1;
+
+// The HBM of every device of one sim:// URL. Immutable after creation;
+// device-to-device copies look their peer up here.
+class SimCluster {
+ public:
+  struct Hbm {
+    char* base = nullptr;
+    uint64_t size = 0;
+  };
+
+  SimCluster(Os* os, std::vector<Hbm> hbm) : os_(os), hbm_(std::move(hbm)) {}
+  SimCluster(const SimCluster&) = delete;
+  SimCluster& operator=(const SimCluster&) = delete;
+  ~SimCluster() {
+    for (const Hbm& h : hbm_) {
+      absl::Status s = os_->Munmap(h.base, h.size);
+      if (!s.ok()) LOG(ERROR) << "Unmapping simulated HBM failed: " << s;
+    }
+  }
+
+  size_t size() const { return hbm_.size(); }
+  const Hbm& hbm(size_t i) const { return hbm_[i]; }
+
+ private:
+  Os* const os_;
+  const std::vector<Hbm> hbm_;
+};
+
+class SimDevice final : public Device {
+ public:
+  SimDevice(DeviceInfo info, std::shared_ptr<SimCluster> cluster, Os* os,
+            FaultInjector* faults, const SimDeviceOptions& options);
+  ~SimDevice() override;
+
+  const DeviceInfo& info() const override { return info_; }
+  void SetCompletionSink(DmaCompletionSink* sink) override {
+    sink_.store(sink, std::memory_order_release);
+  }
+
+  absl::StatusOr<uint64_t> AllocateMemory(uint64_t size) override;
+  absl::Status FreeMemory(uint64_t device_address) override;
+  uint64_t MemoryInUse() const override {
+    return allocator_.GetStats().bytes_in_use;
+  }
+
+  absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
+                                                  uint64_t length) override;
+  absl::Status UnregisterHostWindow(HostWindowId window) override;
+
+  size_t Submit(DmaDirection direction,
+                absl::Span<const DmaDescriptor> descriptors) override;
+  uint32_t InFlight(DmaDirection direction) const override {
+    return queues_[static_cast<int>(direction)]->in_flight.load(
+        std::memory_order_acquire);
+  }
+  void Shutdown() override;
+
+ private:
+  struct Queue {
+    explicit Queue(DmaDirection d, uint32_t entries)
+        : direction(d), ring(entries), mask(entries - 1) {}
+
+    const DmaDirection direction;
+    std::vector<DmaDescriptor> ring;  // slots [head, tail) hold work
+    const uint32_t mask;
+    // Accepted and not yet completed (ring slots in use): Submit accepts
+    // while this is below the ring size.
+    std::atomic<uint32_t> in_flight{0};
+    // Bumped by every Submit; idle engines poll it before they sleep.
+    std::atomic<uint64_t> submits{0};
+
+    Mutex mu;
+    CondVar cv;
+    uint64_t head ABSL_GUARDED_BY(mu) = 0;
+    uint64_t tail ABSL_GUARDED_BY(mu) = 0;
+    int sleeping ABSL_GUARDED_BY(mu) = 0;
+    bool shutdown ABSL_GUARDED_BY(mu) = false;
+    int64_t link_free_ns ABSL_GUARDED_BY(mu) = 0;
+
+    std::vector<std::thread> engines;  // joined by Shutdown
+  };
+
+  struct Window {
+    const char* base = nullptr;
+    uint64_t length = 0;
+    uint32_t generation = 0;
+    bool live = false;
+  };
+
+  void EngineLoop(Queue& q, int engine);
+  // Copies the descriptor's bytes (or fails it); returns the status.
+  absl::Status Execute(const DmaDescriptor& d);
+  // Resolves `window` + `offset` for `length` bytes; OUT_OF_RANGE if not.
+  absl::StatusOr<char*> HostAddress(HostWindowId window, uint64_t offset,
+                                    uint64_t length) const;
+  absl::Status CheckDeviceRange(uint64_t address, uint64_t length,
+                                const SimCluster::Hbm& hbm,
+                                absl::string_view which) const;
+  void Deliver(Queue& q, absl::Span<const DmaCompletion> done);
+
+  // Constant after construction.
+  const DeviceInfo info_;
+  const std::shared_ptr<SimCluster> cluster_;
+  const SimCluster::Hbm hbm_;
+  Os* const os_;
+  FaultInjector* const faults_;
+  const int64_t idle_spin_ns_;
+  const double ns_per_byte_;  // link model; 0 = unthrottled
+  const int64_t latency_ns_;
+
+  std::atomic<DmaCompletionSink*> sink_{nullptr};
+  RegionAllocator allocator_;
+
+  mutable SharedMutex windows_mu_;
+  std::vector<Window> windows_ ABSL_GUARDED_BY(windows_mu_);
+  std::vector<uint32_t> free_windows_ ABSL_GUARDED_BY(windows_mu_);
+
+  std::array<std::unique_ptr<Queue>, kDmaDirectionCount> queues_;
+  Mutex shutdown_mu_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
+};
+
+SimDevice::SimDevice(DeviceInfo info, std::shared_ptr<SimCluster> cluster,
+                     Os* os, FaultInjector* faults,
+                     const SimDeviceOptions& options)
+    : info_(std::move(info)),
+      cluster_(std::move(cluster)),
+      hbm_(cluster_->hbm(static_cast<size_t>(info_.id))),
+      os_(os),
+      faults_(faults),
+      idle_spin_ns_(options.idle_spin_ns),
+      ns_per_byte_(info_.link_gbps > 0 ? 8.0 / info_.link_gbps : 0.0),
+      latency_ns_(static_cast<int64_t>(info_.latency_us * 1000.0)),
+      allocator_(hbm_.base, hbm_.size,
+                 RegionAllocator::Config{
+                     .kind = RegionAllocator::Kind::kDeviceMemory,
+                     .memory_name = absl::StrCat("0x0x", info_.id, "_HBM0"),
+                     .threshold = 0,
+                     .dump_on_oom = false,
+                     .faults = nullptr}) {
+  for (int d = 0; d < kDmaDirectionCount; ++d) {
+    queues_[d] = std::make_unique<Queue>(static_cast<DmaDirection>(d),
+                                         info_.ring_entries);
+  }
+  for (int d = 0; d < kDmaDirectionCount; ++d) {
+    Queue& q = *queues_[d];
+    for (int e = 0; e < info_.dma_engines; ++e) {
+      q.engines.emplace_back([this, &q, e] { EngineLoop(q, e); });
+    }
+  }
+}
+
+SimDevice::~SimDevice() { Shutdown(); }
+
+absl::StatusOr<uint64_t> SimDevice::AllocateMemory(uint64_t size) {
+  TPUSHIM_ASSIGN_OR_RETURN(void* p, allocator_.Allocate(size));
+  return static_cast<uint64_t>(static_cast<char*>(p) - hbm_.base);
+}
+
+absl::Status SimDevice::FreeMemory(uint64_t device_address) {
+  if (device_address >= hbm_.size) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FreeMemory(0x%x): not a device address of %s (HBM is %s)",
+        device_address, info_.name, HumanReadableBytes(hbm_.size)));
+  }
+  char* p = hbm_.base + device_address;
+  const uint64_t size = allocator_.AllocationSize(p);
+  if (size == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "FreeMemory(0x%x): not a live allocation of %s (freed twice, or an "
+        "address inside a buffer)",
+        device_address, info_.name));
+  }
+  if (size >= kReleaseOnFreeBytes) {
+    // Give the whole pages back while the block is still ours, so no
+    // allocation can be handed these pages meanwhile.
+    const uintptr_t begin =
+        (reinterpret_cast<uintptr_t>(p) + 4095) & ~uintptr_t{4095};
+    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + size) &
+                          ~uintptr_t{4095};
+    if (end > begin) {
+      absl::Status s = os_->Madvise(reinterpret_cast<void*>(begin),
+                                    end - begin, MADV_DONTNEED);
+      if (!s.ok()) {
+        VLOG(1) << "Releasing freed device memory of " << info_.name
+                << " failed: " << s;
+      }
+    }
+  }
+  return allocator_.Free(p);
+}
+
+absl::StatusOr<HostWindowId> SimDevice::RegisterHostWindow(const void* base,
+                                                           uint64_t length) {
+  if (base == nullptr || length == 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RegisterHostWindow(%p, %d) on %s: the window must be a non-empty "
+        "range at a non-null address",
+        base, length, info_.name));
+  }
+  WriterMutexLock lock(&windows_mu_);
+  uint32_t index;
+  if (!free_windows_.empty()) {
+    index = free_windows_.back();
+    free_windows_.pop_back();
+  } else {
+    if (windows_.size() > kWindowIndexMask) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "RegisterHostWindow on ", info_.name, ": all ",
+          kWindowIndexMask + 1, " host windows are registered"));
+    }
+    index = static_cast<uint32_t>(windows_.size());
+    windows_.emplace_back();
+  }
+  Window& w = windows_[index];
+  w.base = static_cast<const char*>(base);
+  w.length = length;
+  w.generation = (w.generation + 1) & kWindowGenerationMask;
+  w.live = true;
+  return (w.generation << kWindowIndexBits) | index;
+}
+
+absl::Status SimDevice::UnregisterHostWindow(HostWindowId window) {
+  const uint32_t index = window & kWindowIndexMask;
+  WriterMutexLock lock(&windows_mu_);
+  if (index >= windows_.size() || !windows_[index].live ||
+      windows_[index].generation != (window >> kWindowIndexBits)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "UnregisterHostWindow(0x%x) on %s: no such window is registered",
+        window, info_.name));
+  }
+  windows_[index].live = false;
+  free_windows_.push_back(index);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<char*> SimDevice::HostAddress(HostWindowId window,
+                                             uint64_t offset,
+                                             uint64_t length) const {
+  const uint32_t index = window & kWindowIndexMask;
+  ReaderMutexLock lock(&windows_mu_);
+  if (index >= windows_.size() || !windows_[index].live ||
+      windows_[index].generation != (window >> kWindowIndexBits)) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "DMA fault on %s: host window 0x%x is not registered", info_.name,
+        window));
+  }
+  const Window& w = windows_[index];
+  if (offset > w.length || length > w.length - offset) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "DMA fault on %s: [%d, +%d) lies outside host window 0x%x of %d "
+        "bytes",
+        info_.name, offset, length, window, w.length));
+  }
+  return const_cast<char*>(w.base) + offset;
+}
+
+absl::Status SimDevice::CheckDeviceRange(uint64_t address, uint64_t length,
+                                         const SimCluster::Hbm& hbm,
+                                         absl::string_view which) const {
+  if (address > hbm.size || length > hbm.size - address) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "DMA fault on %s: %s [0x%x, +%d) lies outside device memory of %d "
+        "bytes",
+        info_.name, which, address, length, hbm.size));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SimDevice::Execute(const DmaDescriptor& d) {
+  if (d.length == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DMA descriptor on ", info_.name, " has length 0"));
+  }
+  if (faults_ != nullptr) {
+    TPUSHIM_RETURN_IF_ERROR(faults_->Check(FaultPoint::kDma, [&] {
+      return absl::InternalError(absl::StrFormat(
+          "DMA error on %s (%s): descriptor 0x%x of %d bytes did not "
+          "complete",
+          info_.name, DmaDirectionName(d.direction), d.user_data, d.length));
+    }));
+  }
+  switch (d.direction) {
+    case DmaDirection::kHostToDevice: {
+      TPUSHIM_ASSIGN_OR_RETURN(char* host,
+                               HostAddress(d.host_window, d.host_offset,
+                                           d.length));
+      TPUSHIM_RETURN_IF_ERROR(
+          CheckDeviceRange(d.device_address, d.length, hbm_, "destination"));
+      std::memcpy(hbm_.base + d.device_address, host, d.length);
+      return absl::OkStatus();
+    }
+    case DmaDirection::kDeviceToHost: {
+      TPUSHIM_ASSIGN_OR_RETURN(char* host,
+                               HostAddress(d.host_window, d.host_offset,
+                                           d.length));
+      TPUSHIM_RETURN_IF_ERROR(
+          CheckDeviceRange(d.device_address, d.length, hbm_, "source"));
+      std::memcpy(host, hbm_.base + d.device_address, d.length);
+      return absl::OkStatus();
+    }
+    case DmaDirection::kDeviceToDevice: {
+      if (d.peer_device >= cluster_->size()) {
+        return absl::OutOfRangeError(absl::StrFormat(
+            "DMA fault on %s: peer device %d does not exist (%d devices)",
+            info_.name, d.peer_device, cluster_->size()));
+      }
+      const SimCluster::Hbm& peer = cluster_->hbm(d.peer_device);
+      TPUSHIM_RETURN_IF_ERROR(
+          CheckDeviceRange(d.device_address, d.length, hbm_, "source"));
+      TPUSHIM_RETURN_IF_ERROR(
+          CheckDeviceRange(d.peer_address, d.length, peer, "destination"));
+      // memmove: a copy within one device may overlap.
+      std::memmove(peer.base + d.peer_address, hbm_.base + d.device_address,
+                   d.length);
+      return absl::OkStatus();
+    }
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "DMA descriptor on ", info_.name, " has an unknown direction ",
+      static_cast<int>(d.direction)));
+}
+
+size_t SimDevice::Submit(DmaDirection direction,
+                         absl::Span<const DmaDescriptor> descriptors) {
+  const int dir = static_cast<int>(direction);
+  if (dir < 0 || dir >= kDmaDirectionCount || descriptors.empty()) return 0;
+  Queue& q = *queues_[dir];
+  size_t accepted;
+  bool wake;
+  {
+    MutexLock lock(&q.mu);
+    if (q.shutdown) return 0;
+    const uint32_t room = static_cast<uint32_t>(q.ring.size()) -
+                          q.in_flight.load(std::memory_order_relaxed);
+    accepted = std::min<size_t>(room, descriptors.size());
+    for (size_t i = 0; i < accepted; ++i) {
+      q.ring[q.tail++ & q.mask] = descriptors[i];
+    }
+    q.in_flight.fetch_add(static_cast<uint32_t>(accepted),
+                          std::memory_order_relaxed);
+    wake = accepted > 0 && q.sleeping > 0;
+  }
+  if (accepted > 0) q.submits.fetch_add(1, std::memory_order_release);
+  if (wake) {
+    if (accepted > 1) {
+      q.cv.SignalAll();
+    } else {
+      q.cv.Signal();
+    }
+  }
+  return accepted;
+}
+
+void SimDevice::Deliver(Queue& q, absl::Span<const DmaCompletion> done) {
+  // Free the ring slots first: the sink may submit again from inside.
+  q.in_flight.fetch_sub(static_cast<uint32_t>(done.size()),
+                        std::memory_order_acq_rel);
+  DmaCompletionSink* sink = sink_.load(std::memory_order_acquire);
+  if (sink != nullptr) sink->OnDmaComplete(q.direction, done);
+}
+
+void SimDevice::EngineLoop(Queue& q, int engine) {
+  {
+    const std::string name =
+        absl::StrFormat("dma%d-%s%d", info_.id, DmaDirectionName(q.direction),
+                        engine);
+    pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
+  }
+  // Executed descriptors waiting for their modelled end time, in order.
+  std::deque<DmaCompletion> delayed;
+  std::vector<DmaCompletion> due;
+  for (;;) {
+    // Deliver what is due.
+    if (!delayed.empty()) {
+      const int64_t now = os_->MonotonicNanos();
+      due.clear();
+      while (!delayed.empty() && delayed.front().end_ns <= now) {
+        due.push_back(std::move(delayed.front()));
+        delayed.pop_front();
+      }
+      if (!due.empty()) Deliver(q, due);
+    }
+
+    // Take the next descriptor, or wait for one (or for the next due time).
+    DmaDescriptor d;
+    int64_t start_ns = 0;
+    int64_t end_ns = 0;
+    bool have = false;
+    bool cancel = false;
+    uint64_t seen = q.submits.load(std::memory_order_acquire);
+    {
+      MutexLock lock(&q.mu);
+      if (q.head != q.tail) {
+        d = q.ring[q.head++ & q.mask];
+        have = true;
+        cancel = q.shutdown;
+        const int64_t now = os_->MonotonicNanos();
+        start_ns = now;
+        end_ns = now;
+        if (!cancel && (ns_per_byte_ > 0 || latency_ns_ > 0)) {
+          start_ns = std::max(now, q.link_free_ns);
+          const int64_t wire = static_cast<int64_t>(
+              static_cast<double>(d.length) * ns_per_byte_);
+          q.link_free_ns = start_ns + wire;
+          end_ns = start_ns + wire + latency_ns_;
+        }
+      } else if (q.shutdown) {
+        if (delayed.empty()) return;
+      }
+    }
+    if (have) {
+      absl::Status status =
+          cancel ? absl::CancelledError(absl::StrCat(
+                       info_.name, " shut down before the descriptor started"))
+                 : Execute(d);
+      if (!cancel && ns_per_byte_ == 0 && latency_ns_ == 0) {
+        end_ns = os_->MonotonicNanos();
+      }
+      DmaCompletion c{d.user_data, std::move(status), start_ns, end_ns};
+      if (!delayed.empty() || end_ns > os_->MonotonicNanos()) {
+        delayed.push_back(std::move(c));
+      } else {
+        Deliver(q, {&c, 1});
+      }
+      continue;
+    }
+
+    // Nothing to start. On shutdown, deliver the rest at once: those
+    // descriptors already ran.
+    {
+      bool shutdown;
+      {
+        MutexLock lock(&q.mu);
+        shutdown = q.shutdown;
+      }
+      if (shutdown) {
+        due.assign(std::make_move_iterator(delayed.begin()),
+                   std::make_move_iterator(delayed.end()));
+        delayed.clear();
+        if (!due.empty()) Deliver(q, due);
+        continue;
+      }
+    }
+
+    // Spin a little: a descriptor submitted right after the last one
+    // starts without a wake-up.
+    const int64_t spin_until = os_->MonotonicNanos() + idle_spin_ns_;
+    bool work = false;
+    while (os_->MonotonicNanos() < spin_until) {
+      if (q.submits.load(std::memory_order_acquire) != seen) {
+        work = true;
+        break;
+      }
+      if (!delayed.empty() &&
+          delayed.front().end_ns <= os_->MonotonicNanos()) {
+        work = true;
+        break;
+      }
+      for (int i = 0; i < 16; ++i) CpuRelax();
+    }
+    if (work) continue;
+
+    MutexLock lock(&q.mu);
+    if (q.head != q.tail || q.shutdown) continue;
+    ++q.sleeping;
+    if (delayed.empty()) {
+      q.cv.Wait(&q.mu);
+    } else {
+      q.cv.WaitUntilMonotonicNanos(&q.mu, delayed.front().end_ns);
+    }
+    --q.sleeping;
+  }
+}
+
+void SimDevice::Shutdown() {
+  {
+    MutexLock lock(&shutdown_mu_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  for (auto& q : queues_) {
+    {
+      MutexLock lock(&q->mu);
+      q->shutdown = true;
+    }
+    q->cv.SignalAll();
+  }
+  for (auto& q : queues_) {
+    for (std::thread& t : q->engines) t.join();
+    q->engines.clear();
+  }
+}
+
+}  // namespace
+
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
+    const DeviceUrl& url, Os* os, FaultInjector* faults,
+    SimDeviceOptions options) {
+  if (url.scheme != DeviceUrl::Scheme::kSim) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CreateSimDevices: \"", url.text, "\" is not sim://"));
+  }
+  if (options.ring_entries == 0 || options.ring_entries > 65536 ||
+      (options.ring_entries & (options.ring_entries - 1)) != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "simulated device ring of ", options.ring_entries,
+        " entries: must be a power of two in [1, 65536]"));
+  }
+  std::vector<SimCluster::Hbm> hbm;
+  auto unmap_all = [&] {
+    for (const SimCluster::Hbm& h : hbm) (void)os->Munmap(h.base, h.size);
+  };
+  for (int i = 0; i < url.devices; ++i) {
+    absl::StatusOr<void*> p =
+        os->Mmap(nullptr, url.hbm_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (!p.ok()) {
+      unmap_all();
+      return absl::Status(
+          p.status().code(),
+          absl::StrCat("Reserving ", HumanReadableBytes(url.hbm_bytes),
+                       " of address space for the HBM of simulated device ",
+                       i, " (", url.text, ") failed: ", p.status().message()));
+    }
+    hbm.push_back({static_cast<char*>(*p), url.hbm_bytes});
+  }
+  auto cluster = std::make_shared<SimCluster>(os, std::move(hbm));
+  const int node = os->NumaNodeOfCurrentCpu();
+  std::vector<std::unique_ptr<Device>> devices;
+  for (int i = 0; i < url.devices; ++i) {
+    DeviceInfo info;
+    info.id = i;
+    info.name = absl::StrCat("sim:", i);
+    info.backend = "sim";
+    info.hbm_bytes = url.hbm_bytes;
+    info.dma_engines = url.dma_engines;
+    info.ring_entries = options.ring_entries;
+    info.numa_node = node;
+    info.link_gbps = url.link_gbps;
+    info.latency_us = url.latency_us;
+    devices.push_back(
+        std::make_unique<SimDevice>(std::move(info), cluster, os, faults,
+                                    options));
+  }
+  return devices;
+}
+
+}  // namespace tpushim

@@ -1,0 +1,63 @@
+// Simulated devices (CONTRACTS §5, `sim://`): the Device interface on host
+// memory, so that everything above it runs — and is tested — on machines
+// without an accelerator.
+//
+// Each device has
+//  * HBM: an anonymous MAP_NORESERVE mapping of `hbm` bytes, so a 16 GiB
+//    device costs host RAM only for the pages written; freeing a device
+//    buffer of 64 MiB or more gives its whole pages back (MADV_DONTNEED);
+//  * a device-memory allocator (RegionAllocator, kDeviceMemory) whose
+//    failures read as XLA's (CONTRACTS §3);
+//  * a host-window table (ids carry a generation, so a stale id fails
+//    instead of reaching a newer window);
+//  * per direction, a power-of-two ring of descriptors served in order by
+//    `dma_engines` DMA threads that memcpy between windows and HBM (device
+//    to device between the HBMs of one SimCluster).
+//
+// Link model (per device and direction, full duplex): with `link_gbps` > 0
+// a descriptor of B bytes occupies the link for B * 8 / link_gbps ns,
+// starting when the link is free; with `latency_us` it completes that much
+// later. The copy itself happens as soon as an engine takes the
+// descriptor; its completion is delivered at the modelled time, so the
+// model — not the engine threads — sets the throughput.
+//
+// Fault point `dma` (FaultInjector) is checked once per descriptor; an
+// injected fault completes it with the DMA error status (INTERNAL unless
+// the rule names a code) and copies nothing.
+//
+// Idle DMA threads spin for a few microseconds before they sleep, so a
+// descriptor submitted right after another starts without a wake-up.
+//
+// Thread-safety: as Device.
+
+#ifndef TPUSHIM_DRIVER_SIM_SIM_DEVICE_H_
+#define TPUSHIM_DRIVER_SIM_SIM_DEVICE_H_
+
+#include <memory>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "driver/device.h"
+#include "env/device_url.h"
+#include "env/fault_injection.h"
+#include "env/os.h"
+
+namespace tpushim {
+
+struct SimDeviceOptions {
+  // Descriptors per queue ring; a power of two in [1, 65536].
+  uint32_t ring_entries = 1024;
+  // How long an idle DMA thread polls for work before it sleeps.
+  int64_t idle_spin_ns = 30'000;
+};
+
+// Creates the `url.devices` devices of a sim:// URL; they share one
+// cluster (device-to-device copies reach any of them). `os` and `faults`
+// (nullable) must outlive the devices. On error nothing stays mapped.
+absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
+    const DeviceUrl& url, Os* os, FaultInjector* faults,
+    SimDeviceOptions options = {});
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_DRIVER_SIM_SIM_DEVICE_H_

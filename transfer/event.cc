@@ -1,0 +1,181 @@
+#include "transfer/event.h"
+
+#include <pthread.h>
+
+#include <chrono>
+#include <utility>
+
+#include "common/cpu_relax.h"
+
+namespace tpushim {
+namespace transfer_internal {
+namespace {
+
+// How long Await polls before it sleeps: long enough to cover a small
+// transfer's round trip, short enough not to matter when it is not one.
+constexpr int64_t kAwaitSpinNs = 20'000;
+
+int64_t SteadyNanos() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+}  // namespace
+
+CallbackExecutor::CallbackExecutor() {
+  thread_ = std::thread([this] {
+    pthread_setname_np(pthread_self(), "tpushim-cb");
+    Loop();
+  });
+}
+
+CallbackExecutor::~CallbackExecutor() {
+  {
+    MutexLock lock(&mu_);
+    stop_ = true;
+  }
+  cv_.SignalAll();
+  thread_.join();
+}
+
+void CallbackExecutor::Post(absl::AnyInvocable<void() &&> fn) {
+  {
+    MutexLock lock(&mu_);
+    queue_.push_back(std::move(fn));
+  }
+  cv_.Signal();
+}
+
+void CallbackExecutor::Drain() {
+  MutexLock lock(&mu_);
+  while (!queue_.empty() || running_) idle_cv_.Wait(&mu_);
+}
+
+void CallbackExecutor::Loop() {
+  MutexLock lock(&mu_);
+  for (;;) {
+    while (queue_.empty() && !stop_) cv_.Wait(&mu_);
+    if (queue_.empty()) return;  // stop_, and nothing left
+    absl::AnyInvocable<void() &&> fn = std::move(queue_.front());
+    queue_.pop_front();
+    running_ = true;
+    mu_.Unlock();
+    std::move(fn)();
+    executed_.fetch_add(1, std::memory_order_relaxed);
+    mu_.Lock();
+    running_ = false;
+    if (queue_.empty()) idle_cv_.SignalAll();
+  }
+}
+
+bool EventState::Resolve(absl::Status status) {
+  std::vector<absl::AnyInvocable<void(absl::Status) &&>> callbacks;
+  std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> continuations;
+  CallbackExecutor* executor;
+  bool wake;
+  {
+    MutexLock lock(&mu_);
+    if (ready_.load(std::memory_order_relaxed)) return false;
+    status_ = std::move(status);
+    ready_.store(true, std::memory_order_release);
+    callbacks.swap(callbacks_);
+    continuations.swap(continuations_);
+    executor = executor_;
+    executor_ = nullptr;
+    wake = waiters_ > 0;
+  }
+  if (wake) cv_.SignalAll();
+  for (auto& fn : continuations) std::move(fn)(status_);
+  for (auto& cb : callbacks) {
+    if (executor != nullptr) {
+      executor->Post([cb = std::move(cb), s = status_]() mutable {
+        std::move(cb)(std::move(s));
+      });
+    } else {
+      std::move(cb)(status_);
+    }
+  }
+  return true;
+}
+
+bool EventState::SpinUntilReady(int64_t spin_ns) const {
+  if (IsReady()) return true;
+  const int64_t until = SteadyNanos() + spin_ns;
+  do {
+    for (int i = 0; i < 16; ++i) {
+      CpuRelax();
+      if (IsReady()) return true;
+    }
+  } while (SteadyNanos() < until);
+  return IsReady();
+}
+
+absl::Status EventState::Await() {
+  if (!SpinUntilReady(kAwaitSpinNs)) {
+    MutexLock lock(&mu_);
+    ++waiters_;
+    while (!ready_.load(std::memory_order_acquire)) cv_.Wait(&mu_);
+    --waiters_;
+  }
+  return status_;
+}
+
+std::optional<absl::Status> EventState::AwaitWithTimeout(
+    absl::Duration timeout) {
+  const int64_t timeout_ns =
+      timeout <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(timeout);
+  if (SpinUntilReady(std::min(timeout_ns, kAwaitSpinNs))) return status_;
+  if (timeout_ns <= kAwaitSpinNs) return std::nullopt;
+  const int64_t deadline = SteadyNanos() + (timeout_ns - kAwaitSpinNs);
+  MutexLock lock(&mu_);
+  ++waiters_;
+  while (!ready_.load(std::memory_order_acquire)) {
+    if (cv_.WaitUntilMonotonicNanos(&mu_, deadline)) break;
+  }
+  --waiters_;
+  if (!ready_.load(std::memory_order_acquire)) return std::nullopt;
+  return status_;
+}
+
+void EventState::AddCallback(
+    absl::AnyInvocable<void(absl::Status) &&> callback) {
+  {
+    MutexLock lock(&mu_);
+    if (!ready_.load(std::memory_order_relaxed)) {
+      callbacks_.push_back(std::move(callback));
+      return;
+    }
+  }
+  std::move(callback)(status_);
+}
+
+void EventState::AddContinuation(
+    absl::AnyInvocable<void(const absl::Status&) &&> fn) {
+  {
+    MutexLock lock(&mu_);
+    if (!ready_.load(std::memory_order_relaxed)) {
+      continuations_.push_back(std::move(fn));
+      return;
+    }
+  }
+  std::move(fn)(status_);
+}
+
+}  // namespace transfer_internal
+
+Event::Event() {
+  // One shared ready state: nothing about it changes any more.
+  static const std::shared_ptr<transfer_internal::EventState>* const kOk =
+      new std::shared_ptr<transfer_internal::EventState>(
+          Ready(absl::OkStatus()).state_);
+  state_ = *kOk;
+}
+
+Event Event::Ready(absl::Status status) {
+  auto state = std::make_shared<transfer_internal::EventState>(nullptr);
+  state->Resolve(std::move(status));
+  return Event(std::move(state));
+}
+
+}  // namespace tpushim

@@ -1,0 +1,77 @@
+// PinTracker: reference-counted pinning of caller memory for the pinned
+// transfer path.
+//
+// mlock() does not nest: one munlock() undoes any number of mlock()s of a
+// page. Two transfers over the same page (two halves of one tensor, say)
+// would unpin each other's pages. The tracker pins each page once, through
+// Os::PinRange (fault point `pin`), keeps a count of the transfers that use
+// it, and unpins with exactly the (address, length) pairs it pinned, once
+// no transfer uses them.
+//
+// A pinned segment is never split: a transfer overlapping part of a
+// segment keeps the whole segment pinned until every user is done.
+//
+// Thread-safety: thread-safe. Pin and Unpin hold the tracker's own mutex
+// across the mlock/munlock calls — the count and the pinning must change
+// together — and take no other lock.
+//
+//   TPUSHIM_ASSIGN_OR_RETURN(PinTracker::Lease lease, pins.Pin(p, n));
+//   ... DMA from [p, p + n) ...
+//   pins.Unpin(std::move(lease));
+
+#ifndef TPUSHIM_TRANSFER_PIN_TRACKER_H_
+#define TPUSHIM_TRANSFER_PIN_TRACKER_H_
+
+#include <cstdint>
+#include <map>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+#include "env/os.h"
+
+namespace tpushim {
+
+class PinTracker {
+ public:
+  // Which segments one Pin call counted on (their start addresses).
+  struct Lease {
+    std::vector<uintptr_t> segments;
+  };
+
+  // `os` must outlive the tracker.
+  explicit PinTracker(Os* os) : os_(os) {}
+  PinTracker(const PinTracker&) = delete;
+  PinTracker& operator=(const PinTracker&) = delete;
+  // Unpins whatever is still pinned (a REQUIRES violation by the caller,
+  // but nothing must stay locked).
+  ~PinTracker();
+
+  // Pins the pages of [addr, addr + length) that are not pinned yet and
+  // counts one more user of every segment the range touches. On error
+  // (the first failing Os::PinRange), undoes what this call did and
+  // returns that error. REQUIRES: length >= 1.
+  absl::StatusOr<Lease> Pin(const void* addr, uint64_t length);
+  // Ends a lease: segments that lose their last user are unpinned.
+  void Unpin(Lease lease);
+
+  // Bytes pinned now (whole pages), and the number of pinned segments.
+  uint64_t pinned_bytes() const;
+  size_t segments() const;
+
+ private:
+  struct Segment {
+    uintptr_t end = 0;
+    uint64_t users = 0;
+  };
+  void ReleaseLocked(uintptr_t begin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  Os* const os_;
+  mutable Mutex mu_;
+  std::map<uintptr_t, Segment> segments_ ABSL_GUARDED_BY(mu_);  // by begin
+  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_TRANSFER_PIN_TRACKER_H_

@@ -1,0 +1,243 @@
+// TransferEngine: moves bytes between host memory and devices, and between
+// devices, through the devices' DMA queues (CONTRACTS §4), with
+// tpu_driver's semantics — every operation returns an Event, may wait for
+// other events, and starts in submission order within its queue.
+//
+// Queues: per device, one for host→device, one for device→host and one for
+// device→device. An operation enters the queue of its direction (a
+// device→device copy, the queue of its source device) and starts once it
+// is at the head and every event in its `wait_for` list is ready. If any of
+// them failed, the operation fails with that status without moving a byte.
+// Operations behind it start after it has started (not finished): several
+// are in flight at once.
+//
+// Paths (host↔device only), chosen per transfer and counted in Stats:
+//  1. zero-copy — the host range lies in the premapped region: descriptors
+//     name the region's host window directly.
+//  2. staged — size <= TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES: the
+//     bytes go through transient staging buffers allocated from the region,
+//     in chunks of `Config::chunk_bytes`, at most `Config::staging_depth`
+//     buffers per transfer, so copying chunk k+1 overlaps the DMA of chunk
+//     k. Staging bytes in flight are bounded by `Config::max_staging_bytes`
+//     (waiting for room is backpressure, never a failure).
+//  3. pinned — larger than the threshold, the region is off, or no staging
+//     room freed up within `Config::staging_wait`: the caller's pages are
+//     pinned (Os::PinRange, fault point `pin`, reference-counted across
+//     transfers) and registered with the device for this transfer only. A
+//     WARNING naming the threshold says so, at most once per
+//     `Config::fallback_warning_interval`, with the count of the ones it
+//     did not print.
+// A transfer fails only for a reason of its own (a DMA error, a failed
+// pin, a failed dependency, shutdown), never because the region is busy.
+//
+// Device buffers: Allocate returns a DeviceBuffer (a shared handle).
+// Deallocate frees it once the events it is given and every operation
+// already submitted on the buffer have finished; using the handle after
+// Deallocate is INVALID_ARGUMENT.
+//
+// Shutdown (and the destructor) cancels every operation that has not
+// started (CANCELLED), lets every started one finish, releases all staging,
+// pins and device memory, runs every pending callback and writes the trace
+// (TPUSHIM_TRACE_FILE; see transfer/trace.h). Every event is ready when it
+// returns. Calls after Shutdown are FAILED_PRECONDITION.
+//
+// Errors at submission (bad buffer, range, pointer, device, or after
+// shutdown) come back at once from the call, and nothing is queued. Errors
+// while running come back in the operation's event.
+//
+// Thread-safety: all methods are thread-safe, from any number of threads.
+// No engine lock is held while copying bytes, waiting, logging or running a
+// callback; the one lock held across a call into a device is a queue's
+// ring lock around Device::Submit (which never blocks), and the pin
+// tracker's around mlock/munlock.
+//
+//   TPUSHIM_ASSIGN_OR_RETURN(auto engine, TransferEngine::Create(
+//       devices, region, os, {}));
+//   TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer b, engine->Allocate(0, n));
+//   TPUSHIM_ASSIGN_OR_RETURN(Event up, engine->TransferToDevice(src, b, 0, n));
+//   TPUSHIM_ASSIGN_OR_RETURN(Event down,
+//       engine->TransferFromDevice(b, 0, dst, n, {up}));
+//   TPUSHIM_RETURN_IF_ERROR(down.Await());
+
+#ifndef TPUSHIM_TRANSFER_TRANSFER_ENGINE_H_
+#define TPUSHIM_TRANSFER_TRANSFER_ENGINE_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "allocator/premapped_region.h"
+#include "driver/device.h"
+#include "env/os.h"
+#include "transfer/event.h"
+
+namespace tpushim {
+
+// When the caller may reuse its host buffer, from most to least restrictive
+// for the engine (PJRT's HostBufferSemantics).
+enum class HostBufferSemantics {
+  // The engine is done with the host buffer when the call returns: a staged
+  // host→device transfer returns once its bytes are in staging buffers;
+  // every other transfer returns once it has completed (which, with
+  // `wait_for`, includes waiting for those events). The caller may then
+  // reuse or free the buffer at once.
+  kImmutableOnlyDuringCall,
+  // The caller keeps the buffer valid — and, host→device, unchanged;
+  // device→host, untouched — until the transfer's event is ready. The call
+  // returns at once; the engine may DMA straight from/to the buffer later.
+  kImmutableUntilTransferCompletes,
+};
+absl::string_view HostBufferSemanticsName(HostBufferSemantics semantics);
+
+enum class TransferPath : int { kZeroCopy = 0, kStaged = 1, kPinned = 2 };
+inline constexpr int kTransferPathCount = 3;
+// "zero_copy", "staged", "pinned".
+absl::string_view TransferPathName(TransferPath path);
+
+namespace transfer_internal {
+class Engine;
+struct Allocation;
+}  // namespace transfer_internal
+
+// A device-memory buffer. Copies share one buffer.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;  // refers to nothing; every call rejects it
+
+  int device() const;
+  uint64_t size() const;
+  uint64_t device_address() const;
+  bool valid() const { return allocation_ != nullptr; }
+
+ private:
+  friend class transfer_internal::Engine;
+  explicit DeviceBuffer(std::shared_ptr<transfer_internal::Allocation> a)
+      : allocation_(std::move(a)) {}
+  std::shared_ptr<transfer_internal::Allocation> allocation_;
+};
+
+class TransferEngine {
+ public:
+  struct Config {
+    // Staging chunk size and pipeline depth (buffers per transfer).
+    uint64_t chunk_bytes = uint64_t{1} << 20;
+    int staging_depth = 4;
+    // Bound on staging bytes in flight; 0 = a quarter of the region, at
+    // most 256 MiB, at least one chunk.
+    uint64_t max_staging_bytes = 0;
+    // How long a staged transfer waits for its first staging buffer before
+    // it falls back to pinning.
+    absl::Duration staging_wait = absl::Milliseconds(50);
+    absl::Duration fallback_warning_interval = absl::Seconds(10);
+    // Device→host chunks up to this size are copied out of staging on the
+    // completing thread; larger ones on the engine's host copy thread, so
+    // the copy overlaps the next chunk's DMA.
+    uint64_t inline_copy_bytes = uint64_t{256} << 10;
+    // TPUSHIM_TRACE_FILE; empty = no trace.
+    std::string trace_file{};
+  };
+
+  struct PathStats {
+    uint64_t transfers = 0;      // completed, successfully or not
+    uint64_t bytes = 0;          // of successful transfers
+    uint64_t failed = 0;
+    int64_t busy_ns = 0;         // summed submit-to-ready time
+  };
+  struct QueueStats {
+    int device = 0;
+    DmaDirection direction = DmaDirection::kHostToDevice;
+    uint64_t submitted = 0;      // operations accepted
+    uint64_t completed = 0;      // ready with OK
+    uint64_t failed = 0;         // ready with an error (cancel excluded)
+    uint64_t cancelled = 0;
+    uint64_t descriptors = 0;    // DMA descriptors completed
+    uint64_t ring_full = 0;      // descriptors that waited for ring room
+    uint64_t pending = 0;        // operations queued, not started
+    uint64_t in_flight = 0;      // operations started, not finished
+  };
+  struct Stats {
+    // [direction h2d/d2h][path]
+    std::array<std::array<PathStats, kTransferPathCount>, 2> host;
+    PathStats device_to_device;
+    // Staging.
+    uint64_t staging_bytes_in_flight = 0;
+    uint64_t peak_staging_bytes = 0;
+    uint64_t max_staging_bytes = 0;
+    uint64_t staging_waits = 0;     // transfers that had to wait for room
+    int64_t staging_wait_ns = 0;    // total time they waited
+    // Why transfers were pinned.
+    uint64_t pinned_over_threshold = 0;
+    uint64_t pinned_region_off = 0;
+    uint64_t pinned_staging_timeout = 0;
+    uint64_t pinned_bytes_now = 0;  // caller pages pinned right now
+    // Device memory.
+    uint64_t device_buffers_live = 0;
+    uint64_t device_bytes_live = 0;
+    uint64_t events_pending = 0;    // operations not yet ready
+    uint64_t callbacks_run = 0;
+    std::vector<QueueStats> queues;  // device-major, then direction
+  };
+
+  // `devices` (non-empty, numbered 0..N-1 in order) must stay open, and
+  // `region` (null = the region is off) and `os` must live, until the
+  // engine is destroyed. Registers the region as a host
+  // window with every device (undone on error). INVALID_ARGUMENT for a bad
+  // config.
+  static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(
+      std::vector<Device*> devices, PremappedRegion* region, Os* os,
+      Config config);
+
+  TransferEngine(const TransferEngine&) = delete;
+  TransferEngine& operator=(const TransferEngine&) = delete;
+  ~TransferEngine();
+
+  int device_count() const;
+
+  // Allocates `size` (>= 1) bytes on `device`. RESOURCE_EXHAUSTED with
+  // XLA's text when it does not fit (CONTRACTS §3).
+  absl::StatusOr<DeviceBuffer> Allocate(int device, uint64_t size);
+  // Frees `buffer` after `wait_for` and every operation submitted on it so
+  // far. The returned event is ready when the memory is free (with the
+  // first failed dependency's status, the memory is freed all the same).
+  absl::StatusOr<Event> Deallocate(const DeviceBuffer& buffer,
+                                   absl::Span<const Event> wait_for = {});
+
+  // Copies `size` bytes from host `src` to `dst` at `dst_offset`.
+  absl::StatusOr<Event> TransferToDevice(
+      const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+      uint64_t size, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // Copies `size` bytes from `src` at `src_offset` to host `dst`.
+  absl::StatusOr<Event> TransferFromDevice(
+      const DeviceBuffer& src, uint64_t src_offset, void* dst, uint64_t size,
+      absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // Copies between device buffers, on the same device or two.
+  absl::StatusOr<Event> TransferDeviceToDevice(
+      const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
+      uint64_t dst_offset, uint64_t size,
+      absl::Span<const Event> wait_for = {});
+
+  // The path a host transfer of `size` bytes at `host` would take now
+  // (staged may still fall back to pinned when staging has no room).
+  TransferPath PathFor(const void* host, uint64_t size) const;
+
+  Stats GetStats() const;
+  void Shutdown();
+
+ private:
+  explicit TransferEngine(std::unique_ptr<transfer_internal::Engine> impl);
+  std::unique_ptr<transfer_internal::Engine> impl_;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_TRANSFER_TRANSFER_ENGINE_H_
