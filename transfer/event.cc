@@ -11,10 +11,6 @@ namespace tpushim {
 namespace transfer_internal {
 namespace {
 
-// How long Await polls before it sleeps: long enough to cover a small
-// transfer's round trip, short enough not to matter when it is not one.
-constexpr int64_t kAwaitSpinNs = 20'000;
-
 int64_t SteadyNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
@@ -112,7 +108,7 @@ bool EventState::SpinUntilReady(int64_t spin_ns) const {
 }
 
 absl::Status EventState::Await() {
-  if (!SpinUntilReady(kAwaitSpinNs)) {
+  if (!SpinUntilReady(await_spin_ns_.load(std::memory_order_relaxed))) {
     MutexLock lock(&mu_);
     ++waiters_;
     while (!ready_.load(std::memory_order_acquire)) cv_.Wait(&mu_);
@@ -125,9 +121,11 @@ std::optional<absl::Status> EventState::AwaitWithTimeout(
     absl::Duration timeout) {
   const int64_t timeout_ns =
       timeout <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(timeout);
-  if (SpinUntilReady(std::min(timeout_ns, kAwaitSpinNs))) return status_;
-  if (timeout_ns <= kAwaitSpinNs) return std::nullopt;
-  const int64_t deadline = SteadyNanos() + (timeout_ns - kAwaitSpinNs);
+  const int64_t spin_ns =
+      std::min(timeout_ns, await_spin_ns_.load(std::memory_order_relaxed));
+  if (SpinUntilReady(spin_ns)) return status_;
+  if (timeout_ns <= spin_ns) return std::nullopt;
+  const int64_t deadline = SteadyNanos() + (timeout_ns - spin_ns);
   MutexLock lock(&mu_);
   ++waiters_;
   while (!ready_.load(std::memory_order_acquire)) {

@@ -79,6 +79,14 @@ class EventState {
   EventState(const EventState&) = delete;
   EventState& operator=(const EventState&) = delete;
 
+  // How long Await polls before it sleeps: long enough to cover a small
+  // transfer's round trip, and 0 for operations that take far longer
+  // (polling would only take the CPU from the threads doing the work).
+  static constexpr int64_t kDefaultAwaitSpinNs = 20'000;
+  void set_await_spin_ns(int64_t ns) {
+    await_spin_ns_.store(ns, std::memory_order_relaxed);
+  }
+
   bool IsReady() const { return ready_.load(std::memory_order_acquire); }
   // REQUIRES: IsReady().
   const absl::Status& status() const { return status_; }
@@ -102,6 +110,7 @@ class EventState {
   bool SpinUntilReady(int64_t spin_ns) const;
 
   std::atomic<bool> ready_{false};
+  std::atomic<int64_t> await_spin_ns_{kDefaultAwaitSpinNs};
   absl::Status status_;  // written once, before ready_ is released
 
   mutable Mutex mu_;

@@ -48,6 +48,10 @@ namespace {
 
 std::atomic<uint64_t> g_engine_serial{0};
 
+// Transfers up to this size finish within microseconds: their awaiters
+// poll before sleeping.
+constexpr uint64_t kSpinAwaitMaxBytes = 256 << 10;
+
 // A static C string per path, for trace records.
 const char* PathCString(TransferPath path) {
   switch (path) {
@@ -308,6 +312,7 @@ class Engine {
                    uint64_t host_offset);
   void SubmitDescriptors(Queue& q, absl::Span<const DmaDescriptor> d);
   void DrainOverflow(Queue& q);
+  void SubmitOverflowLocked(Queue& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.ring_mu);
   void ChunkDone(Op& op, uint64_t n = 1);
   void FinishOp(Op& op);
   void CompleteOp(Op& op);
@@ -681,6 +686,8 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
                                      absl::Span<const Event> wait_for) {
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
   op->event = std::make_shared<EventState>(&callbacks_);
+  // Awaiting a small transfer polls; a large one sleeps at once.
+  if (op->size > kSpinAwaitMaxBytes) op->event->set_await_spin_ns(0);
   op->submit_ns = os_->MonotonicNanos();
   Queue& q = QueueOf(op->device, op->direction);
   {
@@ -892,13 +899,17 @@ void Engine::SubmitDescriptors(Queue& q, absl::Span<const DmaDescriptor> d) {
   if (accepted < d.size()) {
     q.overflow.insert(q.overflow.end(), d.begin() + accepted, d.end());
     q.ring_full.fetch_add(d.size() - accepted, std::memory_order_relaxed);
-    q.has_overflow.store(true, std::memory_order_release);
+    // Publish the overflow, then try the ring again: a completion that
+    // freed a slot before it could see the flag left that slot for us
+    // (Dekker, with the fence in OnDmaComplete), so the overflow is never
+    // stranded with nothing in flight to drain it.
+    q.has_overflow.store(true, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    SubmitOverflowLocked(q);
   }
 }
 
-void Engine::DrainOverflow(Queue& q) {
-  if (!q.has_overflow.load(std::memory_order_acquire)) return;
-  MutexLock lock(&q.ring_mu);
+void Engine::SubmitOverflowLocked(Queue& q) {
   while (!q.overflow.empty()) {
     DmaDescriptor batch[32];
     const size_t n = std::min<size_t>(q.overflow.size(), 32);
@@ -907,7 +918,15 @@ void Engine::DrainOverflow(Queue& q) {
     q.overflow.erase(q.overflow.begin(), q.overflow.begin() + accepted);
     if (accepted < n) break;
   }
-  q.has_overflow.store(!q.overflow.empty(), std::memory_order_release);
+  q.has_overflow.store(!q.overflow.empty(), std::memory_order_seq_cst);
+}
+
+void Engine::DrainOverflow(Queue& q) {
+  // The device freed ring slots before calling us; see SubmitDescriptors.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!q.has_overflow.load(std::memory_order_seq_cst)) return;
+  MutexLock lock(&q.ring_mu);
+  SubmitOverflowLocked(q);
 }
 
 char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
@@ -1522,6 +1541,13 @@ uint64_t DeviceBuffer::size() const {
 }
 uint64_t DeviceBuffer::device_address() const {
   return allocation_ ? allocation_->address : 0;
+}
+
+TransferEngine::Config TransferEngine::Config::FromOptions(
+    const Options& options) {
+  Config config;
+  config.trace_file = options.trace_file.value;
+  return config;
 }
 
 absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(

@@ -74,6 +74,7 @@
 #include "absl/types/span.h"
 #include "allocator/premapped_region.h"
 #include "driver/device.h"
+#include "env/options.h"
 #include "env/os.h"
 #include "transfer/event.h"
 
@@ -141,6 +142,9 @@ class TransferEngine {
     uint64_t inline_copy_bytes = uint64_t{256} << 10;
     // TPUSHIM_TRACE_FILE; empty = no trace.
     std::string trace_file{};
+
+    // The defaults, with what the options set (TPUSHIM_TRACE_FILE).
+    static Config FromOptions(const Options& options);
   };
 
   struct PathStats {

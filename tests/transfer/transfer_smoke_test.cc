@@ -107,5 +107,33 @@ TEST(TransferSmokeTest, DeviceToDeviceAcrossDevices) {
   EXPECT_EQ((*rig)->TearDownAndReport(), "");
 }
 
+TEST(TransferSmokeTest, MoreDescriptorsThanRingSlotsWaitForRoom) {
+  // 4 KiB chunks: an 8 MiB zero-copy transfer is 2048 descriptors, twice
+  // the simulated ring; the rest wait in the engine's overflow.
+  TransferEngine::Config config;
+  config.chunk_bytes = 4096;
+  auto rig = TransferRig::Create(
+      {.device_url = "sim://?hbm=32M&latency_us=20", .engine = config});
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  TransferEngine& engine = (*rig)->engine();
+  const uint64_t n = 8 << 20;
+  auto host = (*rig)->region()->allocator().Allocate(n);
+  ASSERT_TRUE(host.ok());
+  std::vector<char> src = Pattern(n, 6);
+  std::memcpy(*host, src.data(), n);
+  auto buffer = engine.Allocate(0, n);
+  ASSERT_TRUE(buffer.ok());
+  auto up = engine.TransferToDevice(*host, *buffer, 0, n);
+  ASSERT_TRUE(up.ok());
+  std::vector<char> dst(n);
+  auto down = engine.TransferFromDevice(*buffer, 0, dst.data(), n, {*up});
+  ASSERT_TRUE(down.ok());
+  ASSERT_TRUE(down->Await().ok()) << down->Await();
+  EXPECT_EQ(src, dst);
+  EXPECT_GT(engine.GetStats().queues[0].ring_full, 0u);
+  ASSERT_TRUE((*rig)->region()->allocator().Free(*host).ok());
+  EXPECT_EQ((*rig)->TearDownAndReport(), "");
+}
+
 }  // namespace
 }  // namespace tpushim

@@ -1,0 +1,412 @@
+// The transfer engine against the machine's own memcpy, measured side by
+// side in one run, on simulated devices.
+//
+//   BM_Memcpy/<bytes>            one-thread memcpy between warm buffers: the
+//                                reference every path is compared with
+//   BM_Transfer/<dir>/<path>/<bytes>
+//                                one transfer at a time, submit to ready:
+//                                dir h2d|d2h, path zero_copy|staged|pinned
+//   BM_Latency4K/<dir>/threads:N 4 KiB staged transfers submitted and
+//                                awaited by N threads: median and p99
+//                                submit-to-ready latency, aggregate ops/s
+//   BM_Aggregate1M/threads:N     1 MiB staged host→device transfers from N
+//                                threads: aggregate bytes/s
+//   BM_Link25/<bytes>            staged host→device on a device whose link
+//                                is modelled at 25 Gbit/s
+//
+// After the run it prints the ratios the transfer-engine issue sets goals
+// for, each measured in this run:
+//   staged / memcpy at the largest size        >= 0.8
+//   zero_copy / memcpy at the largest size     >= 0.9
+//   4 KiB submit-to-ready median (1 thread)    <= 5 us
+//   8 threads / 1 thread aggregate (1 MiB)     >= 0.9
+//   link-modelled throughput / 25 Gbit/s       >= 0.95
+//
+// Flags (besides Google Benchmark's): --max-size=<bytes|256M> (default
+// 256M), --region=<bytes|1G> (default 1G). CI runs
+// --max-size=1M --region=64M with a short --benchmark_min_time.
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "benchmark/benchmark.h"
+#include "common/mutex.h"
+#include "driver/devices.h"
+#include "env/device_url.h"
+#include "env/options.h"
+#include "transfer/transfer_engine.h"
+
+namespace tpushim {
+namespace {
+
+uint64_t g_max_size = uint64_t{256} << 20;
+uint64_t g_region = uint64_t{1} << 30;
+
+void Die(const absl::Status& s, const char* what) {
+  fprintf(stderr, "transfer_bench: %s: %s\n", what, s.ToString().c_str());
+  exit(2);
+}
+
+// The real OS with no environment: the bench sets what it measures.
+class EmptyEnvOs : public OsWrapper {
+ public:
+  EmptyEnvOs() : OsWrapper(Os::Default()) {}
+  std::optional<std::string> GetEnv(const std::string&) override {
+    return std::nullopt;
+  }
+};
+
+// A region (or none), devices from a URL and an engine over them.
+struct Rig {
+  EmptyEnvOs os;
+  std::unique_ptr<PremappedRegion> region;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::unique_ptr<TransferEngine> engine;
+  DeviceBuffer buffer;  // g_max_size bytes on device 0, written once
+
+  Rig(uint64_t region_bytes, const std::string& url) {
+    OptionOverrides o;
+    o.premapped_buffer_size = region_bytes;
+    o.device = url;
+    absl::StatusOr<Options> options = ResolveOptions(os, o);
+    if (!options.ok()) Die(options.status(), "options");
+    auto r = PremappedRegion::Create(*options, &os, nullptr);
+    if (!r.ok()) Die(r.status(), "region");
+    region = *std::move(r);
+    auto d = OpenDevices(options->device.value, &os, nullptr);
+    if (!d.ok()) Die(d.status(), "devices");
+    devices = *std::move(d);
+    std::vector<Device*> raw;
+    for (auto& dev : devices) raw.push_back(dev.get());
+    auto e = TransferEngine::Create(raw, region.get(), &os, {});
+    if (!e.ok()) Die(e.status(), "engine");
+    engine = *std::move(e);
+    auto b = engine->Allocate(0, g_max_size);
+    if (!b.ok()) Die(b.status(), "device buffer");
+    buffer = *b;
+    // Fault the simulated HBM in once: real device memory has no page
+    // faults, and neither should the measurement.
+    std::vector<char> warm(std::min<uint64_t>(g_max_size, 64 << 20), 1);
+    for (uint64_t off = 0; off < g_max_size; off += warm.size()) {
+      const uint64_t n = std::min<uint64_t>(warm.size(), g_max_size - off);
+      auto ev = engine->TransferToDevice(warm.data(), buffer, off, n);
+      if (!ev.ok() || !ev->Await().ok()) Die(ev.status(), "warm-up");
+    }
+  }
+};
+
+Rig& MainRig() {
+  static Rig* rig = new Rig(g_region, "sim://?hbm=" + std::to_string(
+                                          std::max<uint64_t>(g_max_size, 64 << 20) * 2));
+  return *rig;
+}
+Rig& RegionOffRig() {
+  static Rig* rig = new Rig(0, "sim://?hbm=" + std::to_string(std::max<uint64_t>(
+                                   g_max_size, 64 << 20) * 2));
+  return *rig;
+}
+Rig& LinkRig() {
+  static Rig* rig = new Rig(g_region, "sim://?hbm=" + std::to_string(std::max<uint64_t>(
+                                            g_max_size, 64 << 20) * 2) +
+                                          "&link_gbps=25");
+  return *rig;
+}
+
+// Warm heap memory (pages touched) of `n` bytes.
+std::vector<char> Warm(uint64_t n, char v) { return std::vector<char>(n, v); }
+
+void BM_Memcpy(benchmark::State& state, uint64_t n) {
+  std::vector<char> a = Warm(n, 1), b = Warm(n, 2);
+  for (auto _ : state) {
+    std::memcpy(b.data(), a.data(), n);
+    benchmark::ClobberMemory();
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * n);
+}
+
+void BM_Transfer(benchmark::State& state, bool h2d, TransferPath path,
+                 uint64_t n) {
+  Rig& rig = path == TransferPath::kPinned ? RegionOffRig() : MainRig();
+  TransferEngine& engine = *rig.engine;
+  char* host = nullptr;
+  std::vector<char> heap;
+  if (path == TransferPath::kZeroCopy) {
+    auto p = rig.region->allocator().Allocate(n);
+    if (!p.ok()) {
+      state.SkipWithError(p.status().ToString().c_str());
+      return;
+    }
+    host = static_cast<char*>(*p);
+    std::memset(host, 3, n);
+  } else {
+    heap = Warm(n, 3);
+    host = heap.data();
+  }
+  if (engine.PathFor(host, n) != path) {
+    state.SkipWithError("the engine would choose another path");
+    return;
+  }
+  for (auto _ : state) {
+    auto ev = h2d ? engine.TransferToDevice(host, rig.buffer, 0, n)
+                  : engine.TransferFromDevice(rig.buffer, 0, host, n);
+    if (!ev.ok() || !ev->Await().ok()) {
+      state.SkipWithError("transfer failed");
+      break;
+    }
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * n);
+  if (path == TransferPath::kZeroCopy) {
+    (void)rig.region->allocator().Free(host);
+  }
+}
+
+double Percentile(std::vector<double>& v, double p) {
+  if (v.empty()) return 0;
+  const size_t k = std::min(v.size() - 1, size_t(p * double(v.size())));
+  std::nth_element(v.begin(), v.begin() + k, v.end());
+  return v[k];
+}
+
+// N threads, each submitting and awaiting `bytes`-sized staged transfers
+// to its own part of the device buffer for about `seconds`. Returns per-op
+// latencies (us) and the aggregate bytes/s.
+struct MultiResult {
+  std::vector<double> latencies_us;
+  double bytes_per_second = 0;
+  uint64_t ops = 0;
+};
+MultiResult RunThreads(Rig& rig, int threads, uint64_t bytes, bool h2d,
+                       double seconds) {
+  MultiResult result;
+  Mutex mu;
+  std::vector<std::thread> pool;
+  const auto start = std::chrono::steady_clock::now();
+  const auto until = start + std::chrono::duration<double>(seconds);
+  for (int t = 0; t < threads; ++t) {
+    pool.emplace_back([&, t] {
+      std::vector<char> host = Warm(bytes, char(t));
+      std::vector<double> lat;
+      lat.reserve(1 << 16);
+      const uint64_t offset = (uint64_t(t) * bytes) % (g_max_size - bytes + 1);
+      while (std::chrono::steady_clock::now() < until) {
+        const auto t0 = std::chrono::steady_clock::now();
+        auto ev = h2d ? rig.engine->TransferToDevice(host.data(), rig.buffer,
+                                                     offset, bytes)
+                      : rig.engine->TransferFromDevice(rig.buffer, offset,
+                                                       host.data(), bytes);
+        if (!ev.ok() || !ev->Await().ok()) Die(ev.status(), "transfer");
+        lat.push_back(std::chrono::duration<double, std::micro>(
+                          std::chrono::steady_clock::now() - t0)
+                          .count());
+      }
+      MutexLock lock(&mu);
+      result.latencies_us.insert(result.latencies_us.end(), lat.begin(),
+                                 lat.end());
+    });
+  }
+  for (auto& th : pool) th.join();
+  const double elapsed = std::chrono::duration<double>(
+                             std::chrono::steady_clock::now() - start)
+                             .count();
+  result.ops = result.latencies_us.size();
+  result.bytes_per_second = double(result.ops) * double(bytes) / elapsed;
+  return result;
+}
+
+double g_run_seconds = 1.0;
+
+void BM_Latency4K(benchmark::State& state, bool h2d, int threads) {
+  MultiResult r;
+  for (auto _ : state) {
+    r = RunThreads(MainRig(), threads, 4096, h2d, g_run_seconds);
+  }
+  state.counters["p50_us"] = Percentile(r.latencies_us, 0.5);
+  state.counters["p99_us"] = Percentile(r.latencies_us, 0.99);
+  state.counters["ops_per_s"] = double(r.ops) / g_run_seconds;
+}
+
+void BM_Aggregate1M(benchmark::State& state, int threads) {
+  const uint64_t bytes = std::min<uint64_t>(1 << 20, g_max_size);
+  MultiResult r;
+  for (auto _ : state) {
+    r = RunThreads(MainRig(), threads, bytes, true, g_run_seconds);
+  }
+  state.counters["GBps"] = r.bytes_per_second / 1e9;
+}
+
+void BM_Link25(benchmark::State& state, uint64_t n) {
+  Rig& rig = LinkRig();
+  std::vector<char> host = Warm(n, 5);
+  for (auto _ : state) {
+    auto ev = rig.engine->TransferToDevice(host.data(), rig.buffer, 0, n);
+    if (!ev.ok() || !ev->Await().ok()) Die(ev.status(), "link transfer");
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * n);
+  state.counters["link_fraction"] = benchmark::Counter(
+      double(n) / (25e9 / 8), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+std::vector<int64_t> Sizes() {
+  std::vector<int64_t> sizes;
+  for (uint64_t s = 4096; s <= g_max_size; s *= 16) sizes.push_back(s);
+  if (sizes.back() != static_cast<int64_t>(g_max_size)) {
+    sizes.push_back(g_max_size);
+  }
+  return sizes;
+}
+
+void Register() {
+  const std::vector<int64_t> sizes = Sizes();
+  for (int64_t s : sizes) {
+    benchmark::RegisterBenchmark(absl::StrCat("BM_Memcpy/", s).c_str(),
+                                 [s](benchmark::State& st) { BM_Memcpy(st, s); })
+        ->UseRealTime();
+  }
+  const char* paths[] = {"zero_copy", "staged", "pinned"};
+  for (int dir = 0; dir < 2; ++dir) {
+    for (int p = 0; p < 3; ++p) {
+      for (int64_t s : sizes) {
+        benchmark::RegisterBenchmark(
+            absl::StrCat("BM_Transfer/", dir == 0 ? "h2d" : "d2h", "/",
+                         paths[p], "/", s)
+                .c_str(),
+            [dir, p, s](benchmark::State& st) {
+              BM_Transfer(st, dir == 0, static_cast<TransferPath>(p), s);
+            })
+            ->UseRealTime();
+      }
+    }
+  }
+  for (int dir = 0; dir < 2; ++dir) {
+    for (int t : {1, 2, 8}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("BM_Latency4K/", dir == 0 ? "h2d" : "d2h",
+                       "/threads:", t)
+              .c_str(),
+          [dir, t](benchmark::State& st) { BM_Latency4K(st, dir == 0, t); })
+          ->Iterations(1)
+          ->UseRealTime();
+    }
+  }
+  for (int t : {1, 2, 8}) {
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_Aggregate1M/threads:", t).c_str(),
+        [t](benchmark::State& st) { BM_Aggregate1M(st, t); })
+        ->Iterations(1)
+        ->UseRealTime();
+  }
+  benchmark::RegisterBenchmark(
+      absl::StrCat("BM_Link25/", g_max_size).c_str(),
+      [](benchmark::State& st) { BM_Link25(st, g_max_size); })
+      ->UseRealTime();
+}
+
+// Keeps every run's figures for the ratio summary, and prints as usual.
+class SummaryReporter : public benchmark::ConsoleReporter {
+ public:
+  void ReportRuns(const std::vector<Run>& runs) override {
+    for (const Run& r : runs) {
+      const std::string name = r.benchmark_name();
+      auto bps = r.counters.find("bytes_per_second");
+      if (bps != r.counters.end()) rate_[name] = bps->second.value;
+      for (const auto& [k, v] : r.counters) counter_[name + ":" + k] = v.value;
+    }
+    ConsoleReporter::ReportRuns(runs);
+  }
+
+  void PrintSummary() const {
+    const std::string big = std::to_string(g_max_size);
+    auto rate = [&](const std::string& n) {
+      auto it = rate_.find(n);
+      return it == rate_.end() ? 0.0 : it->second;
+    };
+    auto counter = [&](const std::string& n) {
+      auto it = counter_.find(n);
+      return it == counter_.end() ? 0.0 : it->second;
+    };
+    const double memcpy_bps = rate("BM_Memcpy/" + big + "/real_time");
+    printf("\nRatios measured in this run (largest size %s):\n", big.c_str());
+    printf("  %-44s %10s %8s\n", "figure", "measured", "goal");
+    auto row = [](const std::string& what, double v, const char* goal) {
+      printf("  %-44s %10.3f %8s\n", what.c_str(), v, goal);
+    };
+    printf("  %-44s %10.2f %8s\n", "memcpy GB/s (one thread)", memcpy_bps / 1e9,
+           "");
+    for (const char* dir : {"h2d", "d2h"}) {
+      for (const char* path : {"staged", "zero_copy", "pinned"}) {
+        const double r = rate(absl::StrCat("BM_Transfer/", dir, "/", path,
+                                           "/", big, "/real_time"));
+        const char* goal = absl::string_view(path) == "staged"      ? ">=0.8"
+                           : absl::string_view(path) == "zero_copy" ? ">=0.9"
+                                                                    : "";
+        row(absl::StrCat(dir, " ", path, " / memcpy"),
+            memcpy_bps > 0 ? r / memcpy_bps : 0, goal);
+      }
+    }
+    for (const char* dir : {"h2d", "d2h"}) {
+      for (int t : {1, 2, 8}) {
+        const std::string n =
+            absl::StrCat("BM_Latency4K/", dir, "/threads:", t,
+                         "/iterations:1/real_time");
+        row(absl::StrCat("4 KiB ", dir, " p50 us, ", t, " thread(s)"),
+            counter(n + ":p50_us"), t == 1 ? "<=5" : "");
+        row(absl::StrCat("4 KiB ", dir, " p99 us, ", t, " thread(s)"),
+            counter(n + ":p99_us"), "");
+      }
+    }
+    const double one = counter(
+        "BM_Aggregate1M/threads:1/iterations:1/real_time:GBps");
+    const double eight = counter(
+        "BM_Aggregate1M/threads:8/iterations:1/real_time:GBps");
+    row("1 MiB h2d aggregate, 8 threads / 1 thread", one > 0 ? eight / one : 0,
+        ">=0.9");
+    const double link = rate("BM_Link25/" + big + "/real_time");
+    row("link_gbps=25 throughput / modelled link", link / (25e9 / 8),
+        ">=0.95");
+  }
+
+ private:
+  std::map<std::string, double> rate_;
+  std::map<std::string, double> counter_;
+};
+
+}  // namespace
+}  // namespace tpushim
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    absl::string_view arg(argv[i]);
+    if (absl::ConsumePrefix(&arg, "--max-size=")) {
+      auto v = tpushim::ParseByteSize(arg, "--max-size");
+      if (!v.ok() || *v < 4096) tpushim::Die(v.status(), "--max-size");
+      tpushim::g_max_size = *v;
+    } else if (absl::ConsumePrefix(&arg, "--region=")) {
+      auto v = tpushim::ParseByteSize(arg, "--region");
+      if (!v.ok()) tpushim::Die(v.status(), "--region");
+      tpushim::g_region = *v;
+    } else if (absl::ConsumePrefix(&arg, "--run-seconds=")) {
+      tpushim::g_run_seconds = std::stod(std::string(arg));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  tpushim::Register();
+  tpushim::SummaryReporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  reporter.PrintSummary();
+  benchmark::Shutdown();
+  return 0;
+}
