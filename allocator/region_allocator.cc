@@ -181,6 +181,7 @@ void RegionAllocator::LogFailure(const absl::Status& status) const {
 }
 
 void* RegionAllocator::TakeBlockLocked(uint64_t size, size_t alignment) {
+  if (size > capacity_) return nullptr;  // also keeps RoundUp from wrapping
   const uint64_t rounded = RoundUp(size, kUnit);
   const uint64_t search = rounded + (alignment - kUnit);
   uint32_t b = search > capacity_ ? kNil : FindFree(search);
@@ -220,7 +221,9 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
   }
   alignment = std::max<size_t>(alignment, kUnit);
 
-  if (size > threshold_) {
+  // Device memory has no threshold: a request larger than all of it is
+  // ordinary exhaustion, in XLA's words, below.
+  if (kind_ == Kind::kPremappedHost && size > threshold_) {
     {
       MutexLock lock(&mu_);
       ++failures_;

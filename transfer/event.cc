@@ -3,6 +3,7 @@
 #include <pthread.h>
 
 #include <chrono>
+#include <limits>
 #include <utility>
 
 #include "common/cpu_relax.h"
@@ -125,7 +126,14 @@ std::optional<absl::Status> EventState::AwaitWithTimeout(
       std::min(timeout_ns, await_spin_ns_.load(std::memory_order_relaxed));
   if (SpinUntilReady(spin_ns)) return status_;
   if (timeout_ns <= spin_ns) return std::nullopt;
-  const int64_t deadline = SteadyNanos() + (timeout_ns - spin_ns);
+  // Saturate: an infinite (or huge) timeout must not overflow into a
+  // deadline in the past, which pthread_cond_timedwait rejects (EINVAL)
+  // without releasing the mutex, so that Resolve could never take it.
+  const int64_t now = SteadyNanos();
+  const int64_t rest = timeout_ns - spin_ns;
+  const int64_t deadline = rest > std::numeric_limits<int64_t>::max() - now
+                               ? std::numeric_limits<int64_t>::max()
+                               : now + rest;
   MutexLock lock(&mu_);
   ++waiters_;
   while (!ready_.load(std::memory_order_acquire)) {

@@ -52,31 +52,6 @@ std::atomic<uint64_t> g_engine_serial{0};
 // poll before sleeping.
 constexpr uint64_t kSpinAwaitMaxBytes = 256 << 10;
 
-// A static C string per path, for trace records.
-const char* PathCString(TransferPath path) {
-  switch (path) {
-    case TransferPath::kZeroCopy:
-      return "zero_copy";
-    case TransferPath::kStaged:
-      return "staged";
-    case TransferPath::kPinned:
-      return "pinned";
-  }
-  return "unknown";
-}
-
-const char* DirectionCString(DmaDirection d) {
-  switch (d) {
-    case DmaDirection::kHostToDevice:
-      return "h2d";
-    case DmaDirection::kDeviceToHost:
-      return "d2h";
-    case DmaDirection::kDeviceToDevice:
-      return "d2d";
-  }
-  return "unknown";
-}
-
 // Runs posted work in FIFO order on one thread: copies out of staging that
 // should overlap the next DMA, unpinning, freeing device memory — the slow
 // parts of completions, kept off the DMA threads.
@@ -358,6 +333,10 @@ class Engine {
   Mutex idle_mu_;
   CondVar idle_cv_;
   uint64_t unfinished_ ABSL_GUARDED_BY(idle_mu_) = 0;
+  // Stats::events_pending: like unfinished_, but decremented just before
+  // the event is resolved (unfinished_ only after, for Shutdown), so a
+  // caller that saw every event ready reads 0.
+  std::atomic<uint64_t> events_not_ready_{0};
 
   // Staging budget.
   std::atomic<uint64_t> staging_in_flight_{0};
@@ -438,7 +417,7 @@ absl::Status Engine::Start() {
     Queue* qp = q.get();
     q->worker = std::thread([this, qp] {
       const std::string name = absl::StrFormat(
-          "xfer%d-%s", qp->device, DirectionCString(qp->direction));
+          "xfer%d-%s", qp->device, DmaDirectionName(qp->direction));
       pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
       WorkerLoop(*qp);
     });
@@ -558,6 +537,7 @@ absl::StatusOr<Event> Engine::Deallocate(const DeviceBuffer& buffer,
     MutexLock lock(&idle_mu_);
     ++unfinished_;
   }
+  events_not_ready_.fetch_add(1, std::memory_order_acq_rel);
   for (const Event& e : wait_for) {
     e.state()->AddContinuation([this, a](const absl::Status& s) {
       if (!s.ok()) {
@@ -587,6 +567,7 @@ void Engine::DeallocStep(const std::shared_ptr<Allocation>& a) {
       event = std::move(a->dealloc_event);
       status = a->dealloc_error;
     }
+    events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
     if (event) event->Resolve(status);
     MutexLock lock(&idle_mu_);
     if (--unfinished_ == 0) idle_cv_.SignalAll();
@@ -694,6 +675,7 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
     MutexLock lock(&idle_mu_);
     ++unfinished_;
   }
+  events_not_ready_.fetch_add(1, std::memory_order_acq_rel);
   q.submitted.fetch_add(1, std::memory_order_relaxed);
   op->deps_pending.store(static_cast<int>(wait_for.size()) + 1,
                          std::memory_order_relaxed);
@@ -1250,8 +1232,10 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
     if (trace_) {
       trace_->Descriptor(
           device, static_cast<int>(direction),
-          op.kind == OpKind::kDeviceToDevice ? "copy" : PathCString(op.path),
-          DirectionCString(direction), op.id, chunk.index, chunk.length,
+          // The names are literals: .data() is NUL-terminated.
+          op.kind == OpKind::kDeviceToDevice ? "copy"
+                                             : TransferPathName(op.path).data(),
+          DmaDirectionName(direction).data(), op.id, chunk.index, chunk.length,
           chunk.submit_ns, c.start_ns, c.end_ns, !c.status.ok());
     }
     if (!c.status.ok()) op.RecordError(c.status);
@@ -1370,10 +1354,16 @@ void Engine::CompleteOp(Op& op) {
   }
   stats.busy_ns.fetch_add(os_->MonotonicNanos() - op.submit_ns,
                           std::memory_order_relaxed);
+  // Not ready for stats from here on (see events_not_ready_).
+  events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
+  op.event->Resolve(status);
+  // After Resolve: a Deallocate waiting for this operation must not free
+  // the buffer (and report it free) while the operation's event is still
+  // pending, and a kImmutableOnlyDuringCall caller that returns on
+  // host_released must find its event ready.
   ReleaseBufferUse(op.buffer);
   if (op.peer) ReleaseBufferUse(op.peer);
   op.host_released.Notify();
-  op.event->Resolve(status);
   MutexLock lock(&idle_mu_);
   if (--unfinished_ == 0) idle_cv_.SignalAll();
 }
@@ -1504,10 +1494,7 @@ TransferEngine::Stats Engine::GetStats() const {
     s.device_buffers_live = live_.size();
     s.device_bytes_live = live_bytes_;
   }
-  {
-    MutexLock lock(&const_cast<Engine*>(this)->idle_mu_);
-    s.events_pending = unfinished_;
-  }
+  s.events_pending = events_not_ready_.load(std::memory_order_acquire);
   s.callbacks_run = callbacks_.executed();
   for (const auto& q : queues_) {
     TransferEngine::QueueStats qs;
