@@ -46,6 +46,19 @@ void CallbackExecutor::Post(absl::AnyInvocable<void() &&> fn) {
 
 void CallbackExecutor::Drain() {
   MutexLock lock(&mu_);
+  if (std::this_thread::get_id() == thread_.get_id()) {
+    // Called from a callback (Shutdown from a callback): waiting for the
+    // running callback would wait for ourselves. Run the rest here.
+    while (!queue_.empty()) {
+      absl::AnyInvocable<void() &&> fn = std::move(queue_.front());
+      queue_.pop_front();
+      mu_.Unlock();
+      std::move(fn)();
+      executed_.fetch_add(1, std::memory_order_relaxed);
+      mu_.Lock();
+    }
+    return;
+  }
   while (!queue_.empty() || running_) idle_cv_.Wait(&mu_);
 }
 

@@ -51,8 +51,9 @@ class CallbackExecutor {
   ~CallbackExecutor();
 
   void Post(absl::AnyInvocable<void() &&> fn);
-  // Blocks until everything posted before the call has run. Must not be
-  // called from a callback.
+  // Blocks until everything posted before the call has run. Called from a
+  // callback on the executor's thread, runs the queued callbacks itself
+  // (the running one is the caller) and returns.
   void Drain();
   // Callbacks run so far.
   uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }

@@ -45,7 +45,10 @@
 // shutdown) come back at once from the call, and nothing is queued. Errors
 // while running come back in the operation's event.
 //
-// Thread-safety: all methods are thread-safe, from any number of threads.
+// Thread-safety: all methods are thread-safe, from any number of threads,
+// callbacks included (Shutdown from a callback returns once everything
+// else is done; the callback it runs in finishes afterwards). The engine
+// must not be destroyed from one of its own callbacks.
 // No engine lock is held while copying bytes, waiting, logging or running a
 // callback; the one lock held across a call into a device is a queue's
 // ring lock around Device::Submit (which never blocks), and the pin
