@@ -110,15 +110,7 @@ bool EventState::Resolve(absl::Status status) {
 }
 
 bool EventState::SpinUntilReady(int64_t spin_ns) const {
-  if (IsReady()) return true;
-  const int64_t until = SteadyNanos() + spin_ns;
-  do {
-    for (int i = 0; i < 16; ++i) {
-      CpuRelax();
-      if (IsReady()) return true;
-    }
-  } while (SteadyNanos() < until);
-  return IsReady();
+  return SpinFor(spin_ns, [this] { return IsReady(); });
 }
 
 absl::Status EventState::Await() {

@@ -12,6 +12,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/cpu_relax.h"
 #include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
@@ -52,6 +53,10 @@ std::atomic<uint64_t> g_engine_serial{0};
 // poll before sleeping.
 constexpr uint64_t kSpinAwaitMaxBytes = 256 << 10;
 
+// How long a staged host→device copier polls for one of its buffers to
+// come back before it sleeps.
+constexpr int64_t kCopierSpinNs = 50'000;
+
 // Runs posted work in FIFO order on one thread: copies out of staging that
 // should overlap the next DMA, unpinning, freeing device memory — the slow
 // parts of completions, kept off the DMA threads.
@@ -75,18 +80,35 @@ class HostWorker {
   }
 
   void Post(absl::AnyInvocable<void() &&> fn) {
+    bool wake;
     {
       MutexLock lock(&mu_);
       queue_.push_back(std::move(fn));
+      posted_.fetch_add(1, std::memory_order_release);
+      wake = sleeping_;
     }
-    cv_.Signal();
+    if (wake) cv_.Signal();
   }
 
  private:
+  // Idle, the worker polls this long before it sleeps: copies out of
+  // staging come every few tens of microseconds in a large transfer.
+  static constexpr int64_t kIdleSpinNs = 30'000;
+
   void Loop() {
     MutexLock lock(&mu_);
     for (;;) {
-      while (queue_.empty() && !stop_) cv_.Wait(&mu_);
+      if (queue_.empty() && !stop_) {
+        const uint64_t seen = posted_.load(std::memory_order_acquire);
+        mu_.Unlock();
+        SpinFor(kIdleSpinNs, [&] {
+          return posted_.load(std::memory_order_acquire) != seen;
+        });
+        mu_.Lock();
+        sleeping_ = true;
+        while (queue_.empty() && !stop_) cv_.Wait(&mu_);
+        sleeping_ = false;
+      }
       if (queue_.empty()) return;
       absl::AnyInvocable<void() &&> fn = std::move(queue_.front());
       queue_.pop_front();
@@ -100,6 +122,8 @@ class HostWorker {
   CondVar cv_;
   std::deque<absl::AnyInvocable<void() &&>> queue_ ABSL_GUARDED_BY(mu_);
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool sleeping_ ABSL_GUARDED_BY(mu_) = false;
+  std::atomic<uint64_t> posted_{0};
   std::thread thread_;
 };
 
@@ -180,7 +204,9 @@ struct Op {
   // Staged host→device: buffers whose chunk completed, ready for reuse,
   // and whether the copier still wants them.
   std::vector<char*> free_staging ABSL_GUARDED_BY(mu);
+  std::atomic<uint32_t> recycled{0};  // free_staging.size(), for polling
   bool copying ABSL_GUARDED_BY(mu) = true;
+  bool copier_sleeping ABSL_GUARDED_BY(mu) = false;
   CondVar staging_cv;
   // Staged device→host: the next chunk to submit.
   uint32_t next_chunk ABSL_GUARDED_BY(mu) = 0;
@@ -198,7 +224,7 @@ struct Op {
 class Engine {
  public:
   Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
-         TransferEngine::Config config, uint64_t chunk_bytes,
+         TransferEngine::Config config, std::array<uint64_t, 2> chunk_bytes,
          uint64_t max_staging);
   ~Engine();
 
@@ -306,7 +332,8 @@ class Engine {
   PremappedRegion* const region_;
   Os* const os_;
   const TransferEngine::Config config_;
-  const uint64_t chunk_bytes_;
+  // Staging chunk per direction (host→device, device→host).
+  const std::array<uint64_t, 2> chunk_bytes_;
   const uint64_t max_staging_;
   const uint64_t threshold_;
   const int64_t origin_ns_;
@@ -363,7 +390,8 @@ class Engine {
 };
 
 Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
-               TransferEngine::Config config, uint64_t chunk_bytes,
+               TransferEngine::Config config,
+               std::array<uint64_t, 2> chunk_bytes,
                uint64_t max_staging)
     : serial_(g_engine_serial.fetch_add(1) + 1),
       devices_(std::move(devices)),
@@ -634,7 +662,7 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
   op->buffer = std::move(a);
   op->buffer_offset = offset;
   op->semantics = semantics;
-  op->staging_chunk = std::min(chunk_bytes_, size);
+  op->staging_chunk = std::min(chunk_bytes_[to_device ? 0 : 1], size);
   return op;
 }
 
@@ -791,7 +819,7 @@ bool Engine::InlineStartable(const Op& op) const {
     case TransferPath::kStaged:
       return op.size <= op.staging_chunk * config_.staging_depth;
     case TransferPath::kPinned:
-      return op.size <= chunk_bytes_;
+      return op.size <= config_.descriptor_bytes;
   }
   return false;
 }
@@ -842,7 +870,7 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
 
 void Engine::StartDescriptors(Op& op, HostWindowId window,
                               uint64_t host_base) {
-  const uint64_t step = std::max<uint64_t>(chunk_bytes_, 1);
+  const uint64_t step = std::max<uint64_t>(config_.descriptor_bytes, 1);
   const uint64_t n = (op.size + step - 1) / step;
   op.chunks.resize(n);
   op.outstanding.fetch_add(n, std::memory_order_relaxed);
@@ -1024,6 +1052,7 @@ bool Engine::StartStagedToDevice(Op& op, bool may_block) {
         if (!op.free_staging.empty()) {
           buf = op.free_staging.back();
           op.free_staging.pop_back();
+          op.recycled.fetch_sub(1, std::memory_order_relaxed);
         }
       }
       if (buf == nullptr && held < config_.staging_depth) {
@@ -1031,11 +1060,18 @@ bool Engine::StartStagedToDevice(Op& op, bool may_block) {
         if (buf != nullptr) ++held;
       }
       if (buf == nullptr) {
-        // Our own chunks in flight come back: wait for one.
+        // Our own chunks in flight come back: wait for one, polling first
+        // (a chunk's DMA takes tens of microseconds).
+        SpinFor(kCopierSpinNs, [&op] {
+          return op.recycled.load(std::memory_order_acquire) > 0;
+        });
         MutexLock lock(&op.mu);
+        op.copier_sleeping = true;
         while (op.free_staging.empty()) op.staging_cv.Wait(&op.mu);
+        op.copier_sleeping = false;
         buf = op.free_staging.back();
         op.free_staging.pop_back();
+        op.recycled.fetch_sub(1, std::memory_order_relaxed);
       }
     }
     const bool closing = closing_.load(std::memory_order_acquire);
@@ -1070,6 +1106,7 @@ bool Engine::StartStagedToDevice(Op& op, bool may_block) {
     MutexLock lock(&op.mu);
     op.copying = false;
     spare.swap(op.free_staging);
+    op.recycled.store(0, std::memory_order_relaxed);
   }
   for (char* p : spare) ReleaseStaging(p, step);
   if (i < n) ChunkDone(op, n - i);  // never submitted
@@ -1243,13 +1280,18 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
         op.kind != OpKind::kDeviceToDevice) {
       if (op.kind == OpKind::kToDevice) {
         bool reuse;
+        bool wake = false;
         {
           MutexLock lock(&op.mu);
           reuse = op.copying;
-          if (reuse) op.free_staging.push_back(chunk.staging);
+          if (reuse) {
+            op.free_staging.push_back(chunk.staging);
+            op.recycled.fetch_add(1, std::memory_order_release);
+            wake = op.copier_sleeping;
+          }
         }
         if (reuse) {
-          op.staging_cv.Signal();
+          if (wake) op.staging_cv.Signal();
         } else {
           ReleaseStaging(chunk.staging, op.staging_chunk);
         }
@@ -1549,17 +1591,21 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
           "TransferEngine: device ", i, " is null or not numbered ", i));
     }
   }
-  if (config.chunk_bytes == 0 || config.staging_depth < 1 ||
+  if (config.chunk_bytes == 0 || config.from_device_chunk_bytes == 0 ||
+      config.descriptor_bytes == 0 || config.staging_depth < 1 ||
       config.staging_depth > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "TransferEngine: chunk_bytes must be >= 1 and staging_depth in "
-        "[1, 64] (got ",
-        config.chunk_bytes, " and ", config.staging_depth, ")"));
+        "TransferEngine: chunk_bytes, from_device_chunk_bytes and "
+        "descriptor_bytes must be >= 1 and staging_depth in [1, 64] (got ",
+        config.chunk_bytes, ", ", config.from_device_chunk_bytes, ", ",
+        config.descriptor_bytes, " and ", config.staging_depth, ")"));
   }
-  uint64_t chunk = config.chunk_bytes;
+  std::array<uint64_t, 2> chunks = {config.chunk_bytes,
+                                    config.from_device_chunk_bytes};
   uint64_t max_staging = 0;
   if (region != nullptr) {
-    chunk = std::min(chunk, region->allocator().threshold());
+    for (uint64_t& c : chunks) c = std::min(c, region->allocator().threshold());
+    const uint64_t chunk = std::max(chunks[0], chunks[1]);
     max_staging = config.max_staging_bytes;
     if (max_staging == 0) {
       max_staging = std::min<uint64_t>(uint64_t{256} << 20,
@@ -1571,7 +1617,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     }
   }
   auto impl = std::make_unique<transfer_internal::Engine>(
-      std::move(devices), region, os, std::move(config), chunk, max_staging);
+      std::move(devices), region, os, std::move(config), chunks, max_staging);
   TPUSHIM_RETURN_IF_ERROR(impl->Start());
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }

@@ -16,9 +16,10 @@
 //     name the region's host window directly.
 //  2. staged — size <= TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES: the
 //     bytes go through transient staging buffers allocated from the region,
-//     in chunks of `Config::chunk_bytes`, at most `Config::staging_depth`
-//     buffers per transfer, so copying chunk k+1 overlaps the DMA of chunk
-//     k. Staging bytes in flight are bounded by `Config::max_staging_bytes`
+//     in chunks (`Config::chunk_bytes` host→device,
+//     `Config::from_device_chunk_bytes` device→host), at most
+//     `Config::staging_depth` buffers per transfer, so copying chunk k+1
+//     overlaps the DMA of chunk k. Staging bytes in flight are bounded by `Config::max_staging_bytes`
 //     (waiting for room is backpressure, never a failure).
 //  3. pinned — larger than the threshold, the region is off, or no staging
 //     room freed up within `Config::staging_wait`: the caller's pages are
@@ -129,9 +130,18 @@ class DeviceBuffer {
 class TransferEngine {
  public:
   struct Config {
-    // Staging chunk size and pipeline depth (buffers per transfer).
-    uint64_t chunk_bytes = uint64_t{1} << 20;
-    int staging_depth = 4;
+    // Staging chunk size, host→device and device→host, and pipeline depth
+    // (buffers per transfer). The sizes suit glibc's memcpy: copies into
+    // staging stay below its non-temporal threshold, so the chunk is still
+    // in cache when the DMA reads it; copies out of staging into the
+    // caller's buffer are large enough to stream past the cache.
+    uint64_t chunk_bytes = uint64_t{512} << 10;
+    uint64_t from_device_chunk_bytes = uint64_t{1} << 20;
+    int staging_depth = 8;
+    // Zero-copy, pinned and device→device transfers are split into
+    // descriptors of at most this size (several DMA engines share a large
+    // transfer; the trace shows its progress).
+    uint64_t descriptor_bytes = uint64_t{512} << 10;
     // Bound on staging bytes in flight; 0 = a quarter of the region, at
     // most 256 MiB, at least one chunk.
     uint64_t max_staging_bytes = 0;

@@ -499,10 +499,12 @@ TEST(EngineTraceTest, WrittenAtShutdownWithEveryPath) {
   const std::string path = dir.Join("transfers.json");
   TransferRig::Params params;
   params.engine.trace_file = path;
+  params.engine.chunk_bytes = uint64_t{1} << 20;
+  params.engine.from_device_chunk_bytes = uint64_t{1} << 20;
+  params.engine.descriptor_bytes = uint64_t{1} << 20;
   auto rig = TransferRig::Create(params);
   ASSERT_TRUE(rig.ok()) << rig.status();
   TransferEngine& engine = (*rig)->engine();
-  ASSERT_EQ(params.engine.chunk_bytes, uint64_t{1} << 20);
 
   // Staged round trip of 5 MiB: five 1 MiB chunks each way.
   const uint64_t n = uint64_t{5} << 20;

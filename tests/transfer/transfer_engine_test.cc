@@ -374,6 +374,8 @@ TEST(TransferEngineTest,
   // four chunks, device→host chunks copied on the completing thread.
   TransferEngine::Config config = PatientStaging();
   config.chunk_bytes = 64 * KiB;
+  config.from_device_chunk_bytes = 64 * KiB;
+  config.descriptor_bytes = 64 * KiB;
   config.staging_depth = 2;
   config.max_staging_bytes = 256 * KiB;
   auto rig = MakeRig({.region_bytes = 4 * MiB, .engine = config});
@@ -427,6 +429,8 @@ TEST(TransferEngineTest, RingOverflowKeepsDescriptorOrderAndData) {
   // in the engine's overflow queue for ring room.
   TransferEngine::Config config = PatientStaging();
   config.chunk_bytes = 1 * KiB;
+  config.from_device_chunk_bytes = 1 * KiB;
+  config.descriptor_bytes = 1 * KiB;
   auto rig = MakeRig({.region_bytes = 8 * MiB,
                       .device_url = "sim://?hbm=16M&latency_us=20000",
                       .engine = config});
@@ -526,6 +530,8 @@ TEST(TransferEngineTest,
 TEST(TransferEngineTest, ConcurrentSubmittersKeepDataIntactAndStatsReconcile) {
   TransferEngine::Config config = PatientStaging();
   config.chunk_bytes = 128 * KiB;
+  config.from_device_chunk_bytes = 128 * KiB;
+  config.descriptor_bytes = 128 * KiB;
   auto rig = MakeRig({.region_bytes = 8 * MiB,
                       .threshold = 512 * KiB,
                       .device_url = "sim://?devices=2&hbm=64M&dma_engines=2",
@@ -1349,6 +1355,8 @@ void RunFaultScenario(TransferRig& rig, uint64_t n_armed, uint64_t seed) {
 TransferRig::Params FaultRigParams() {
   TransferEngine::Config config = PatientStaging();
   config.chunk_bytes = 64 * KiB;
+  config.from_device_chunk_bytes = 64 * KiB;
+  config.descriptor_bytes = 64 * KiB;
   return {.region_bytes = 4 * MiB,
           .threshold = 256 * KiB,
           .device_url = "sim://?devices=2&hbm=16M",
@@ -1442,6 +1450,8 @@ TEST(TransferEngineTest, PinFaultFailsTransferAndLeavesNothingPinned) {
 TEST(TransferEngineTest, StagingBackpressureWaitsInsteadOfFailing) {
   TransferEngine::Config config;
   config.chunk_bytes = 64 * KiB;
+  config.from_device_chunk_bytes = 64 * KiB;
+  config.descriptor_bytes = 64 * KiB;
   config.staging_depth = 4;
   config.max_staging_bytes = 128 * KiB;  // two chunks for everyone
   config.staging_wait = absl::Seconds(20);
@@ -1916,6 +1926,8 @@ TEST(TransferEngineTest, InvalidBuffersAndRangesAreRejectedWithNothingQueued) {
 TEST(TransferEngineTest, ShutdownWithWorkInFlightResolvesEveryEvent) {
   TransferEngine::Config config;
   config.chunk_bytes = 64 * KiB;
+  config.from_device_chunk_bytes = 64 * KiB;
+  config.descriptor_bytes = 64 * KiB;
   auto rig = MakeRig({.region_bytes = 4 * MiB,
                       .threshold = 256 * KiB,
                       .device_url = "sim://?devices=2&hbm=32M&link_gbps=0.1",

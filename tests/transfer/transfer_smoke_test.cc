@@ -112,6 +112,8 @@ TEST(TransferSmokeTest, MoreDescriptorsThanRingSlotsWaitForRoom) {
   // the simulated ring; the rest wait in the engine's overflow.
   TransferEngine::Config config;
   config.chunk_bytes = 4096;
+  config.from_device_chunk_bytes = 4096;
+  config.descriptor_bytes = 4096;
   auto rig = TransferRig::Create(
       {.device_url = "sim://?hbm=32M&latency_us=20", .engine = config});
   ASSERT_TRUE(rig.ok()) << rig.status();
