@@ -33,6 +33,7 @@
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
+#include "tpushim/options.h"
 
 namespace tpushim {
 
@@ -52,8 +53,6 @@ struct Option {
   std::string raw{};
 };
 
-enum class HugePagesMode { kAuto, kHugetlb, kThp, kOff };
-enum class MlockMode { kOn, kRequired, kOff };
 absl::string_view HugePagesModeName(HugePagesMode mode);  // "auto", ...
 absl::string_view MlockModeName(MlockMode mode);          // "on", ...
 
@@ -128,27 +127,8 @@ struct Options {
   int EffectivePrefaultThreads(int online_cpus) const;
 };
 
-// Values given through the API; each one that is set wins over everything
-// else and is validated by the same rules as its variable (errors name
-// `API option <field>`). A resolved API value keeps an empty `raw`.
-struct OptionOverrides {
-  std::optional<uint64_t> premapped_buffer_size;
-  std::optional<uint64_t> premapped_buffer_transfer_threshold_bytes;
-  std::optional<std::string> log_dir;
-  std::optional<int> min_log_level;
-  std::optional<int> stderr_log_level;
-  std::optional<std::string> vmodule;
-  std::optional<uint64_t> max_log_size_mb;
-  std::optional<int> log_keep;
-  std::optional<std::string> device;
-  std::optional<HugePagesMode> hugepages;
-  std::optional<int> prefault_threads;
-  std::optional<std::optional<int>> numa_node;
-  std::optional<MlockMode> mlock;
-  std::optional<std::string> faults;
-  std::optional<std::string> trace_file;
-  std::optional<bool> dump_on_oom;
-};
+// OptionOverrides (values given through the API) is declared in the
+// public header tpushim/options.h.
 
 // Resolves the options.
 //

@@ -364,6 +364,10 @@ class Engine {
   // the event is resolved (unfinished_ only after, for Shutdown), so a
   // caller that saw every event ready reads 0.
   std::atomic<uint64_t> events_not_ready_{0};
+  // DMA threads inside OnDmaComplete. The one that completes the last
+  // operation still touches the engine afterwards (DrainOverflow, a
+  // HostWorker wake-up), so Shutdown waits for 0 after unfinished_ is 0.
+  std::atomic<int> in_completion_{0};
 
   // Staging budget.
   std::atomic<uint64_t> staging_in_flight_{0};
@@ -1261,6 +1265,9 @@ void Engine::WarnPinned(const Op& op, int reason) {
 
 void Engine::OnDmaComplete(int device, DmaDirection direction,
                            absl::Span<const DmaCompletion> completions) {
+  // Counted before any of the completions can finish an operation (and so
+  // before unfinished_ can reach 0), uncounted last.
+  in_completion_.fetch_add(1, std::memory_order_relaxed);
   Queue& q = QueueOf(device, direction);
   for (const DmaCompletion& c : completions) {
     Chunk& chunk = *reinterpret_cast<Chunk*>(c.user_data);
@@ -1315,6 +1322,7 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
     ChunkDone(op);
   }
   DrainOverflow(q);
+  in_completion_.fetch_sub(1, std::memory_order_release);
 }
 
 void Engine::NextFromDevice(Op& op, Chunk& chunk, bool ok) {
@@ -1468,6 +1476,11 @@ void Engine::Shutdown() {
                      << unfinished_ << " operations to finish";
       }
     }
+  }
+  // ... and for the DMA thread that finished the last one to leave
+  // OnDmaComplete (no new delivery can come: nothing is in flight).
+  while (in_completion_.load(std::memory_order_acquire) > 0) {
+    std::this_thread::yield();
   }
   // Free the device memory nobody deallocated.
   std::vector<std::shared_ptr<Allocation>> live;

@@ -279,7 +279,17 @@ TEST(SimDeviceTest, LargeHbmCostsOnlyTheBytesWritten) {
     ASSERT_TRUE(c.status.ok()) << c.status;
     const uint64_t rss_written = ResidentBytes();
     EXPECT_GE(rss_written, rss_created + kMiB * 9 / 10);
-    EXPECT_LE(rss_written, rss_created + 4 * kMiB);
+    // Under ThreadSanitizer its shadow of the written megabyte (4x) is
+    // resident too.
+    uint64_t slack = 4 * kMiB;
+#if defined(__SANITIZE_THREAD__)  // GCC
+    slack = 8 * kMiB;
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)  // Clang
+    slack = 8 * kMiB;
+#endif
+#endif
+    EXPECT_LE(rss_written, rss_created + slack);
     EXPECT_TRUE(dev.UnregisterHostWindow(*w).ok());
     EXPECT_TRUE(dev.FreeMemory(*addr).ok());
   }

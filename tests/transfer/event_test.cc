@@ -601,8 +601,10 @@ TEST(CallbackExecutorTest, DestructionRunsQueuedCallbacks) {
   std::atomic<int> ran{0};
   std::vector<int> order;
   {
-    CallbackExecutor executor;
+    // Declared first so that it outlives ~CallbackExecutor: the blocked
+    // callback is still inside WaitForNotificationWithTimeout after Notify.
     Notification release;
+    CallbackExecutor executor;
     // Block the thread so that the rest stays queued.
     executor.Post([&] {
       release.WaitForNotificationWithTimeout(absl::Seconds(5));
@@ -634,8 +636,8 @@ TEST(CallbackExecutorTest, DestructionRunsQueuedCallbacks) {
 TEST(CallbackExecutorTest, DestructionRunsEventCallbacksQueuedByResolve) {
   std::atomic<int> ran{0};
   {
+    Notification release;  // outlives ~CallbackExecutor, as above
     CallbackExecutor executor;
-    Notification release;
     executor.Post([&] {
       release.WaitForNotificationWithTimeout(absl::Seconds(5));
     });

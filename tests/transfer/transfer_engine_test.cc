@@ -2165,9 +2165,15 @@ TEST(TransferEngineTest, ShutdownRacingSubmittersLeavesEveryEventReady) {
     std::mutex mu;
     std::vector<Event> events;
     std::vector<std::thread> threads;
+    // The host buffers outlive Shutdown: a thread that stops on
+    // FAILED_PRECONDITION (or after a CANCELLED download) may leave its
+    // upload in flight, reading `src`, until Shutdown has finished it.
+    std::vector<std::vector<char>> srcs(4, std::vector<char>(100 * KiB, 1));
+    std::vector<std::vector<char>> dsts(4, std::vector<char>(100 * KiB));
     for (int t = 0; t < 4; ++t) {
       threads.emplace_back([&, t] {
-        std::vector<char> src(100 * KiB, 1), dst(100 * KiB);
+        std::vector<char>& src = srcs[t];
+        std::vector<char>& dst = dsts[t];
         std::mt19937_64 rng(round * 10 + t);
         // Every call either works or, once shut down, is
         // FAILED_PRECONDITION.
