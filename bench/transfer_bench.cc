@@ -15,7 +15,7 @@
 //                                is modelled at 25 Gbit/s
 //
 //   BM_SideBySide                at the largest size, R rounds (--rounds,
-//                                default 7) each timing memcpy and every
+//                                default 25) each timing memcpy and every
 //                                direction and path once, rotated; the
 //                                ratios are medians of per-round ratios
 //
@@ -266,7 +266,7 @@ void BM_Link25(benchmark::State& state, uint64_t n) {
       double(n) / (25e9 / 8), benchmark::Counter::kIsIterationInvariantRate);
 }
 
-int g_rounds = 7;
+int g_rounds = 25;
 
 // The largest size, side by side: each round times a memcpy and one
 // transfer of every direction and path once, in a rotated order, and the
