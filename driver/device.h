@@ -46,19 +46,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "tpushim/transfer.h"
 
 namespace tpushim {
-
-enum class DmaDirection : uint8_t {
-  kHostToDevice = 0,
-  kDeviceToHost = 1,
-  kDeviceToDevice = 2,
-};
-inline constexpr int kDmaDirectionCount = 3;
-// "h2d", "d2h", "d2d" (stats keys, trace names, the tools' JSON).
-absl::string_view DmaDirectionName(DmaDirection direction);
-// "host→device", "device→host", "device→device" (log lines).
-absl::string_view DmaDirectionDescription(DmaDirection direction);
 
 using HostWindowId = uint32_t;
 inline constexpr HostWindowId kInvalidHostWindow = ~HostWindowId{0};

@@ -201,6 +201,12 @@ bool FlushLogs(absl::Duration timeout) {
   return state == nullptr || state->Flush(timeout);
 }
 
+bool LoggingInitialized() {
+  Globals& g = GetGlobals();
+  ReaderMutexLock lock(&g.mu);
+  return g.state != nullptr;
+}
+
 std::string ActiveLogDirectory() {
   Globals& g = GetGlobals();
   ReaderMutexLock lock(&g.mu);

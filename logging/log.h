@@ -117,6 +117,9 @@ void ShutdownLogging();
 // `timeout` passes: returns false then).
 bool FlushLogs(absl::Duration timeout = absl::Seconds(10));
 
+// True between a successful InitLogging and ShutdownLogging.
+bool LoggingInitialized();
+
 // The directory log files go to, "" when there are none (disabled, or
 // fallen back to stderr only).
 std::string ActiveLogDirectory();

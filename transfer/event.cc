@@ -199,6 +199,17 @@ Event::Event() {
   state_ = *kOk;
 }
 
+bool Event::IsReady() const { return state_->IsReady(); }
+absl::Status Event::Await() const { return state_->Await(); }
+std::optional<absl::Status> Event::AwaitWithTimeout(
+    absl::Duration timeout) const {
+  return state_->AwaitWithTimeout(timeout);
+}
+void Event::AddCallback(
+    absl::AnyInvocable<void(absl::Status) &&> callback) const {
+  state_->AddCallback(std::move(callback));
+}
+
 Event Event::Ready(absl::Status status) {
   auto state = std::make_shared<transfer_internal::EventState>(nullptr);
   state->Resolve(std::move(status));

@@ -1,26 +1,13 @@
-// Event: the completion of one asynchronous operation (a transfer, a
-// deallocation), with tpu_driver's semantics: it becomes ready exactly once,
-// with a status; it can be awaited, with or without a timeout; callbacks
-// added to it run once it is ready.
+// The machinery behind tpushim::Event (declared, with its contract, in the
+// public tpushim/transfer.h): the shared state an event resolves once, and
+// the executor that runs user callbacks off the DMA threads.
 //
-// Where callbacks run: a callback added to a pending event runs, after the
-// event becomes ready, on the engine's callback thread — never on a DMA
-// thread and never under an engine lock — in the order callbacks became
-// runnable. A callback added to an event that is already ready runs at
-// once on the calling thread. Callbacks should be short: they share one
-// thread.
+// Thread-safety: EventState and CallbackExecutor are thread-safe.
 //
-// Awaiting spins for a few microseconds before it sleeps, so a short
-// transfer's waiter does not pay a futex wake-up.
-//
-// Thread-safety: Event is a cheap, copyable, shared handle; every method is
-// thread-safe. A default-constructed Event is ready with OK (convenient in
-// `wait_for` lists).
-//
-//   Event e = engine.TransferToDevice(src, buffer, 0, n, {}).value();
-//   e.AddCallback([](absl::Status s) { if (!s.ok()) LOG(ERROR) << s; });
-//   if (std::optional<absl::Status> s = e.AwaitWithTimeout(absl::Seconds(1)))
-//     ... done, *s says how ...
+//   auto state = std::make_shared<EventState>(&executor);
+//   Event event(state);             // handed to the caller
+//   ...
+//   state->Resolve(absl::OkStatus());  // wakes waiters, posts callbacks
 
 #ifndef TPUSHIM_TRANSFER_EVENT_H_
 #define TPUSHIM_TRANSFER_EVENT_H_
@@ -36,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "tpushim/transfer.h"
 
 namespace tpushim {
 
@@ -125,37 +113,6 @@ class EventState {
 };
 
 }  // namespace transfer_internal
-
-class Event {
- public:
-  // Ready, with OK.
-  Event();
-  explicit Event(std::shared_ptr<transfer_internal::EventState> state)
-      : state_(std::move(state)) {}
-
-  // An event that is already ready with `status`.
-  static Event Ready(absl::Status status);
-
-  bool IsReady() const { return state_->IsReady(); }
-  // Blocks until ready; returns the status.
-  absl::Status Await() const { return state_->Await(); }
-  // The status if the event became ready within `timeout`, else nullopt.
-  std::optional<absl::Status> AwaitWithTimeout(absl::Duration timeout) const {
-    return state_->AwaitWithTimeout(timeout);
-  }
-  // Runs `callback(status)` once the event is ready (see the file comment
-  // for where).
-  void AddCallback(absl::AnyInvocable<void(absl::Status) &&> callback) const {
-    state_->AddCallback(std::move(callback));
-  }
-
-  const std::shared_ptr<transfer_internal::EventState>& state() const {
-    return state_;
-  }
-
- private:
-  std::shared_ptr<transfer_internal::EventState> state_;
-};
 
 }  // namespace tpushim
 

@@ -81,51 +81,10 @@
 #include "env/options.h"
 #include "env/os.h"
 #include "transfer/event.h"
+#include "tpushim/stats.h"
+#include "tpushim/transfer.h"
 
 namespace tpushim {
-
-// When the caller may reuse its host buffer, from most to least restrictive
-// for the engine (PJRT's HostBufferSemantics).
-enum class HostBufferSemantics {
-  // The engine is done with the host buffer when the call returns: a staged
-  // host→device transfer returns once its bytes are in staging buffers;
-  // every other transfer returns once it has completed (which, with
-  // `wait_for`, includes waiting for those events). The caller may then
-  // reuse or free the buffer at once.
-  kImmutableOnlyDuringCall,
-  // The caller keeps the buffer valid — and, host→device, unchanged;
-  // device→host, untouched — until the transfer's event is ready. The call
-  // returns at once; the engine may DMA straight from/to the buffer later.
-  kImmutableUntilTransferCompletes,
-};
-absl::string_view HostBufferSemanticsName(HostBufferSemantics semantics);
-
-enum class TransferPath : int { kZeroCopy = 0, kStaged = 1, kPinned = 2 };
-inline constexpr int kTransferPathCount = 3;
-// "zero_copy", "staged", "pinned".
-absl::string_view TransferPathName(TransferPath path);
-
-namespace transfer_internal {
-class Engine;
-struct Allocation;
-}  // namespace transfer_internal
-
-// A device-memory buffer. Copies share one buffer.
-class DeviceBuffer {
- public:
-  DeviceBuffer() = default;  // refers to nothing; every call rejects it
-
-  int device() const;
-  uint64_t size() const;
-  uint64_t device_address() const;
-  bool valid() const { return allocation_ != nullptr; }
-
- private:
-  friend class transfer_internal::Engine;
-  explicit DeviceBuffer(std::shared_ptr<transfer_internal::Allocation> a)
-      : allocation_(std::move(a)) {}
-  std::shared_ptr<transfer_internal::Allocation> allocation_;
-};
 
 class TransferEngine {
  public:
@@ -160,46 +119,9 @@ class TransferEngine {
     static Config FromOptions(const Options& options);
   };
 
-  struct PathStats {
-    uint64_t transfers = 0;      // completed, successfully or not
-    uint64_t bytes = 0;          // of successful transfers
-    uint64_t failed = 0;
-    int64_t busy_ns = 0;         // summed submit-to-ready time
-  };
-  struct QueueStats {
-    int device = 0;
-    DmaDirection direction = DmaDirection::kHostToDevice;
-    uint64_t submitted = 0;      // operations accepted
-    uint64_t completed = 0;      // ready with OK
-    uint64_t failed = 0;         // ready with an error (cancel excluded)
-    uint64_t cancelled = 0;
-    uint64_t descriptors = 0;    // DMA descriptors completed
-    uint64_t ring_full = 0;      // descriptors that waited for ring room
-    uint64_t pending = 0;        // operations queued, not started
-    uint64_t in_flight = 0;      // operations started, not finished
-  };
-  struct Stats {
-    // [direction h2d/d2h][path]
-    std::array<std::array<PathStats, kTransferPathCount>, 2> host;
-    PathStats device_to_device;
-    // Staging.
-    uint64_t staging_bytes_in_flight = 0;
-    uint64_t peak_staging_bytes = 0;
-    uint64_t max_staging_bytes = 0;
-    uint64_t staging_waits = 0;     // transfers that had to wait for room
-    int64_t staging_wait_ns = 0;    // total time they waited
-    // Why transfers were pinned.
-    uint64_t pinned_over_threshold = 0;
-    uint64_t pinned_region_off = 0;
-    uint64_t pinned_staging_timeout = 0;
-    uint64_t pinned_bytes_now = 0;  // caller pages pinned right now
-    // Device memory.
-    uint64_t device_buffers_live = 0;
-    uint64_t device_bytes_live = 0;
-    uint64_t events_pending = 0;    // operations not yet ready
-    uint64_t callbacks_run = 0;
-    std::vector<QueueStats> queues;  // device-major, then direction
-  };
+  using PathStats = tpushim::PathStats;
+  using QueueStats = tpushim::QueueStats;
+  using Stats = tpushim::TransferStats;
 
   // `devices` (non-empty, numbered 0..N-1 in order) must stay open, and
   // `region` (null = the region is off) and `os` must live, until the

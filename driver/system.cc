@@ -1,0 +1,274 @@
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "allocator/premapped_region.h"
+#include "common/status_macros.h"
+#include "driver/devices.h"
+#include "driver/system_internal.h"
+#include "env/fault_injection.h"
+#include "env/options.h"
+#include "logging/log.h"
+#include "transfer/transfer_engine.h"
+#include "tpushim/system.h"
+
+namespace tpushim {
+
+// What a PinnedHostBuffer returns its memory to. Shared by the system and
+// its buffers, so a buffer outliving its system (a REQUIRES violation)
+// finds the region gone instead of freeing into unmapped memory.
+struct PinnedHostBuffer::Owner {
+  Mutex mu;
+  RegionAllocator* allocator ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+PinnedHostBuffer::PinnedHostBuffer(PinnedHostBuffer&& other) noexcept
+    : owner_(std::move(other.owner_)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+PinnedHostBuffer& PinnedHostBuffer::operator=(
+    PinnedHostBuffer&& other) noexcept {
+  if (this != &other) {
+    Reset();
+    owner_ = std::move(other.owner_);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+PinnedHostBuffer::~PinnedHostBuffer() { Reset(); }
+
+void PinnedHostBuffer::Reset() {
+  if (data_ != nullptr && owner_ != nullptr) {
+    MutexLock lock(&owner_->mu);
+    if (owner_->allocator != nullptr) {
+      absl::Status s = owner_->allocator->Free(data_);
+      if (!s.ok()) LOG(ERROR) << "Freeing a pinned host buffer: " << s;
+    } else {
+      LOG(ERROR) << "A pinned host buffer of " << size_
+                 << " bytes outlived its tpushim::System; its memory went "
+                    "with the system's premapped region";
+    }
+  }
+  owner_.reset();
+  data_ = nullptr;
+  size_ = 0;
+}
+
+struct System::Impl {
+  Options options;
+  std::unique_ptr<FaultInjector> faults;
+  std::unique_ptr<FaultInjectingOs> os;
+  std::vector<std::unique_ptr<Device>> devices;
+  std::vector<DeviceDescription> descriptions;
+  std::unique_ptr<PremappedRegion> region;
+  std::unique_ptr<TransferEngine> engine;
+  std::shared_ptr<PinnedHostBuffer::Owner> owner =
+      std::make_shared<PinnedHostBuffer::Owner>();
+  absl::Duration init_time;
+
+  ~Impl() {
+    // Engine first (it drains into the devices and the region), then the
+    // region's buffers are orphaned, then devices and region go.
+    if (engine) engine->Shutdown();
+    engine.reset();
+    {
+      MutexLock lock(&owner->mu);
+      owner->allocator = nullptr;
+    }
+    region.reset();
+    devices.clear();
+  }
+};
+
+namespace {
+
+std::string DeviceIdList(int n) {
+  std::vector<int> ids(n);
+  for (int i = 0; i < n; ++i) ids[i] = i;
+  return absl::StrJoin(ids, ",");
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
+    const OptionOverrides& overrides, Os* base_os) {
+  const int64_t start_ns = base_os->MonotonicNanos();
+  auto impl = std::make_unique<System::Impl>();
+  TPUSHIM_ASSIGN_OR_RETURN(impl->options, ResolveOptions(*base_os, overrides));
+  const Options& options = impl->options;
+
+  // Logging is process-wide: set it up unless someone already has.
+  if (!logging::LoggingInitialized()) {
+    TPUSHIM_RETURN_IF_ERROR(
+        logging::InitLogging(logging::LogConfig::FromOptions(options),
+                             base_os));
+  }
+  for (const std::string& w : options.warnings) LOG(WARNING) << w;
+
+  impl->faults = std::make_unique<FaultInjector>(options.faults.value);
+  impl->os = std::make_unique<FaultInjectingOs>(base_os, impl->faults.get());
+  Os* os = impl->os.get();
+
+  TPUSHIM_ASSIGN_OR_RETURN(
+      impl->devices, OpenDevices(options.device.value, os, impl->faults.get()));
+  std::optional<int> device_node;
+  for (const auto& d : impl->devices) {
+    const DeviceInfo& info = d->info();
+    impl->descriptions.push_back(DeviceDescription{
+        .id = info.id,
+        .name = info.name,
+        .backend = info.backend,
+        .hbm_bytes = info.hbm_bytes,
+        .dma_engines = info.dma_engines,
+        .numa_node = info.numa_node,
+        .link_gbps = info.link_gbps,
+        .latency_us = info.latency_us});
+    if (!device_node) device_node = info.numa_node;
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(
+      impl->region,
+      PremappedRegion::Create(options, os, impl->faults.get(), device_node));
+  {
+    MutexLock lock(&impl->owner->mu);
+    impl->owner->allocator =
+        impl->region ? &impl->region->allocator() : nullptr;
+  }
+  std::vector<Device*> raw;
+  for (auto& d : impl->devices) raw.push_back(d.get());
+  TPUSHIM_ASSIGN_OR_RETURN(
+      impl->engine,
+      TransferEngine::Create(std::move(raw), impl->region.get(), os,
+                             TransferEngine::Config::FromOptions(options)));
+
+  LOG(INFO) << "tpu::System initialized, current host id: 0, logical device "
+               "ids: "
+            << DeviceIdList(static_cast<int>(impl->devices.size()));
+  impl->init_time = absl::Nanoseconds(base_os->MonotonicNanos() - start_ns);
+  LOG(INFO) << "CreateTpuSystemState: TPU initialization is successful and "
+               "it took "
+            << absl::StrFormat("%.9f",
+                               absl::ToDoubleSeconds(impl->init_time))
+            << "s";
+  LOG(INFO) << "CreateTpuSystemState: using TPU host premapped buffer of "
+               "size: "
+            << options.premapped_buffer_size.value;
+  return std::unique_ptr<System>(new System(std::move(impl)));
+}
+
+absl::StatusOr<std::unique_ptr<System>> System::Create(
+    const OptionOverrides& overrides) {
+  return SystemFactory::Create(overrides, Os::Default());
+}
+
+System::System(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+System::~System() = default;
+
+int System::device_count() const {
+  return static_cast<int>(impl_->devices.size());
+}
+
+const DeviceDescription& System::device(int device) const {
+  return impl_->descriptions.at(device);
+}
+
+absl::Duration System::init_time() const { return impl_->init_time; }
+
+uint64_t System::premapped_bytes() const {
+  return impl_->options.premapped_buffer_size.value;
+}
+
+uint64_t System::transfer_threshold_bytes() const {
+  return impl_->region ? impl_->region->allocator().threshold() : 0;
+}
+
+std::string System::log_directory() const {
+  return logging::ActiveLogDirectory();
+}
+
+absl::StatusOr<PinnedHostBuffer> System::AllocatePinnedHost(uint64_t size,
+                                                            size_t alignment) {
+  if (impl_->region == nullptr) {
+    return absl::FailedPreconditionError(
+        "Cannot allocate a pinned host buffer: the premapped region is off "
+        "(TPU_PREMAPPED_BUFFER_SIZE=0)");
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(void* p,
+                           impl_->region->allocator().Allocate(size, alignment));
+  return PinnedHostBuffer(impl_->owner, p, size);
+}
+
+absl::StatusOr<DeviceBuffer> System::AllocateDevice(int device,
+                                                    uint64_t size) {
+  return impl_->engine->Allocate(device, size);
+}
+
+absl::StatusOr<Event> System::Deallocate(const DeviceBuffer& buffer,
+                                         absl::Span<const Event> wait_for) {
+  return impl_->engine->Deallocate(buffer, wait_for);
+}
+
+absl::StatusOr<Event> System::TransferToDevice(
+    const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+    uint64_t size, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  return impl_->engine->TransferToDevice(src, dst, dst_offset, size, wait_for,
+                                         semantics);
+}
+
+absl::StatusOr<Event> System::TransferFromDevice(
+    const DeviceBuffer& src, uint64_t src_offset, void* dst, uint64_t size,
+    absl::Span<const Event> wait_for, HostBufferSemantics semantics) {
+  return impl_->engine->TransferFromDevice(src, src_offset, dst, size,
+                                           wait_for, semantics);
+}
+
+absl::StatusOr<Event> System::TransferDeviceToDevice(
+    const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
+    uint64_t dst_offset, uint64_t size, absl::Span<const Event> wait_for) {
+  return impl_->engine->TransferDeviceToDevice(src, src_offset, dst,
+                                               dst_offset, size, wait_for);
+}
+
+TransferPath System::PathFor(const void* host, uint64_t size) const {
+  return impl_->engine->PathFor(host, size);
+}
+
+SystemStats System::GetStats() const {
+  SystemStats s;
+  s.transfers = impl_->engine->GetStats();
+  if (impl_->region != nullptr) {
+    const PremappedRegion::Stats r = impl_->region->GetStats();
+    s.region.enabled = true;
+    s.region.capacity_bytes = r.allocator.capacity_bytes;
+    s.region.threshold_bytes = r.allocator.threshold_bytes;
+    s.region.bytes_in_use = r.allocator.bytes_in_use;
+    s.region.peak_bytes_in_use = r.allocator.peak_bytes_in_use;
+    s.region.free_bytes = r.allocator.free_bytes;
+    s.region.largest_free_block = r.allocator.largest_free_block;
+    s.region.fragmentation = r.allocator.fragmentation;
+    s.region.allocations = r.allocator.allocations;
+    s.region.frees = r.allocator.frees;
+    s.region.failures = r.allocator.failures;
+    s.region.live_allocations = r.allocator.live_allocations;
+    s.region.page_kind = std::string(PageKindName(r.page_kind));
+    s.region.page_bytes = r.page_bytes;
+    s.region.numa_node = r.numa_node;
+    s.region.prefault_threads = r.prefault_threads;
+    s.region.locked = r.locked;
+    s.region.startup_time = r.startup_time;
+  }
+  for (const auto& d : impl_->devices) {
+    s.devices.push_back(DeviceStats{.id = d->info().id,
+                                    .name = d->info().name,
+                                    .hbm_bytes = d->info().hbm_bytes,
+                                    .hbm_in_use = d->MemoryInUse()});
+  }
+  return s;
+}
+
+}  // namespace tpushim

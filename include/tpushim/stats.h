@@ -1,0 +1,95 @@
+// Statistics snapshots: transfers per direction and path, queues,
+// staging, the premapped region and its allocator, devices. Plain values.
+
+#ifndef TPUSHIM_STATS_H_
+#define TPUSHIM_STATS_H_
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "tpushim/transfer.h"
+
+namespace tpushim {
+
+struct PathStats {
+  uint64_t transfers = 0;      // completed, successfully or not
+  uint64_t bytes = 0;          // of successful transfers
+  uint64_t failed = 0;
+  int64_t busy_ns = 0;         // summed submit-to-ready time
+};
+struct QueueStats {
+  int device = 0;
+  DmaDirection direction = DmaDirection::kHostToDevice;
+  uint64_t submitted = 0;      // operations accepted
+  uint64_t completed = 0;      // ready with OK
+  uint64_t failed = 0;         // ready with an error (cancel excluded)
+  uint64_t cancelled = 0;
+  uint64_t descriptors = 0;    // DMA descriptors completed
+  uint64_t ring_full = 0;      // descriptors that waited for ring room
+  uint64_t pending = 0;        // operations queued, not started
+  uint64_t in_flight = 0;      // operations started, not finished
+};
+struct TransferStats {
+  // [direction h2d/d2h][path]
+  std::array<std::array<PathStats, kTransferPathCount>, 2> host;
+  PathStats device_to_device;
+  // Staging.
+  uint64_t staging_bytes_in_flight = 0;
+  uint64_t peak_staging_bytes = 0;
+  uint64_t max_staging_bytes = 0;
+  uint64_t staging_waits = 0;     // transfers that had to wait for room
+  int64_t staging_wait_ns = 0;    // total time they waited
+  // Why transfers were pinned.
+  uint64_t pinned_over_threshold = 0;
+  uint64_t pinned_region_off = 0;
+  uint64_t pinned_staging_timeout = 0;
+  uint64_t pinned_bytes_now = 0;  // caller pages pinned right now
+  // Device memory.
+  uint64_t device_buffers_live = 0;
+  uint64_t device_bytes_live = 0;
+  uint64_t events_pending = 0;    // operations not yet ready
+  uint64_t callbacks_run = 0;
+  std::vector<QueueStats> queues;  // device-major, then direction
+};
+
+// The premapped region and its allocator.
+struct RegionStats {
+  bool enabled = false;          // TPU_PREMAPPED_BUFFER_SIZE > 0
+  uint64_t capacity_bytes = 0;
+  uint64_t threshold_bytes = 0;
+  uint64_t bytes_in_use = 0;     // pinned host buffers and staging
+  uint64_t peak_bytes_in_use = 0;
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_block = 0;
+  double fragmentation = 0.0;    // 1 - largest free block / free bytes
+  uint64_t allocations = 0;
+  uint64_t frees = 0;
+  uint64_t failures = 0;         // RESOURCE_EXHAUSTED answers
+  uint64_t live_allocations = 0;
+  std::string page_kind;         // "4k", "thp", "hugetlb"
+  uint64_t page_bytes = 0;
+  int numa_node = 0;
+  int prefault_threads = 0;
+  bool locked = false;           // mlock succeeded
+  absl::Duration startup_time;
+};
+
+struct DeviceStats {
+  int id = 0;
+  std::string name;
+  uint64_t hbm_bytes = 0;
+  uint64_t hbm_in_use = 0;
+};
+
+struct SystemStats {
+  RegionStats region;
+  TransferStats transfers;
+  std::vector<DeviceStats> devices;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_STATS_H_

@@ -1,0 +1,166 @@
+// tpushim::System — the runtime: one call brings up everything a framework
+// backend needs, in libtpu's order (CONTRACTS §2):
+//
+//   options (the environment, LIBTPU_INIT_ARGS, then what the caller sets)
+//   → logging → host checks → premapped region → devices → transfer engine
+//
+// logging the start-up lines tools grep for, ending with
+//   tpu::System initialized, current host id: 0, logical device ids: 0,1,2,3
+//   CreateTpuSystemState: TPU initialization is successful and it took 0.412345678s
+//   CreateTpuSystemState: using TPU host premapped buffer of size: 4294967296
+//
+// Several systems may live in one process (each with its own region,
+// devices and engine); logging is process-wide: the first System started
+// while logging is not initialized sets it up from its options, and later
+// ones use it as it is.
+//
+// Destroying a System cancels operations that have not started, lets
+// started ones finish, and releases every device buffer, staging buffer,
+// pin and the region. REQUIRES: every PinnedHostBuffer of the system is
+// destroyed first (its memory is part of the region).
+//
+// Thread-safety: all methods are thread-safe.
+//
+//   TPUSHIM_ASSIGN_OR_RETURN(std::unique_ptr<tpushim::System> system,
+//                            tpushim::System::Create());
+//   TPUSHIM_ASSIGN_OR_RETURN(tpushim::PinnedHostBuffer host,
+//                            system->AllocatePinnedHost(n));
+//   TPUSHIM_ASSIGN_OR_RETURN(tpushim::DeviceBuffer dev,
+//                            system->AllocateDevice(0, n));
+//   TPUSHIM_ASSIGN_OR_RETURN(tpushim::Event up,
+//       system->TransferToDevice(host.data(), dev, 0, n));
+//   TPUSHIM_RETURN_IF_ERROR(up.Await());
+
+#ifndef TPUSHIM_SYSTEM_H_
+#define TPUSHIM_SYSTEM_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "absl/types/span.h"
+#include "tpushim/export.h"
+#include "tpushim/options.h"
+#include "tpushim/stats.h"
+#include "tpushim/transfer.h"
+
+namespace tpushim {
+
+class System;
+
+// A buffer from the premapped region: host memory devices DMA to and from
+// directly (the zero-copy path), like libtpu's "pinned host" allocations.
+// Move-only; returns its memory to the region when destroyed or Reset.
+class TPUSHIM_EXPORT PinnedHostBuffer {
+ public:
+  PinnedHostBuffer() = default;
+  PinnedHostBuffer(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer& operator=(PinnedHostBuffer&& other) noexcept;
+  PinnedHostBuffer(const PinnedHostBuffer&) = delete;
+  PinnedHostBuffer& operator=(const PinnedHostBuffer&) = delete;
+  ~PinnedHostBuffer();
+
+  void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  explicit operator bool() const { return data_ != nullptr; }
+  // Returns the memory to the region now.
+  void Reset();
+
+ private:
+  friend class System;
+  struct Owner;
+  PinnedHostBuffer(std::shared_ptr<Owner> owner, void* data, uint64_t size)
+      : owner_(std::move(owner)), data_(data), size_(size) {}
+
+  std::shared_ptr<Owner> owner_;
+  void* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// What a device is.
+struct DeviceDescription {
+  int id = 0;
+  std::string name;     // "sim:0"
+  std::string backend;  // "sim"
+  uint64_t hbm_bytes = 0;
+  int dma_engines = 1;
+  std::optional<int> numa_node;
+  double link_gbps = 0;
+  double latency_us = 0;
+};
+
+class TPUSHIM_EXPORT System {
+ public:
+  // Brings the runtime up. `overrides` win over LIBTPU_INIT_ARGS and the
+  // environment. Errors: INVALID_ARGUMENT for a malformed setting (naming
+  // it and its value), RESOURCE_EXHAUSTED when the host cannot hold the
+  // region, the failing OS call's status otherwise; nothing is left
+  // mapped, pinned, open or running.
+  static absl::StatusOr<std::unique_ptr<System>> Create(
+      const OptionOverrides& overrides = {});
+
+  System(const System&) = delete;
+  System& operator=(const System&) = delete;
+  ~System();
+
+  int device_count() const;
+  // REQUIRES: 0 <= device < device_count().
+  const DeviceDescription& device(int device) const;
+  // Start-up time (options to the last start-up line).
+  absl::Duration init_time() const;
+  // TPU_PREMAPPED_BUFFER_SIZE and the threshold in force (0 when off).
+  uint64_t premapped_bytes() const;
+  uint64_t transfer_threshold_bytes() const;
+  // Where log files go ("" when there are none).
+  std::string log_directory() const;
+
+  // A buffer of `size` bytes from the premapped region, aligned to
+  // `alignment` (a power of two <= 4096; at least 64). RESOURCE_EXHAUSTED
+  // with libtpu's text (CONTRACTS §3) when the region cannot serve it or it
+  // is above the threshold; FAILED_PRECONDITION when the region is off.
+  absl::StatusOr<PinnedHostBuffer> AllocatePinnedHost(uint64_t size,
+                                                      size_t alignment = 64);
+
+  // Device memory (XLA's RESOURCE_EXHAUSTED text when it does not fit).
+  absl::StatusOr<DeviceBuffer> AllocateDevice(int device, uint64_t size);
+  // Frees `buffer` once `wait_for` and every operation already submitted
+  // on it are done.
+  absl::StatusOr<Event> Deallocate(const DeviceBuffer& buffer,
+                                   absl::Span<const Event> wait_for = {});
+
+  // Transfers (CONTRACTS §4; see TransferToDevice in docs/transfers.md).
+  absl::StatusOr<Event> TransferToDevice(
+      const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+      uint64_t size, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::StatusOr<Event> TransferFromDevice(
+      const DeviceBuffer& src, uint64_t src_offset, void* dst, uint64_t size,
+      absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::StatusOr<Event> TransferDeviceToDevice(
+      const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
+      uint64_t dst_offset, uint64_t size,
+      absl::Span<const Event> wait_for = {});
+  // The path a host transfer of `size` bytes at `host` would take.
+  TransferPath PathFor(const void* host, uint64_t size) const;
+
+  // A snapshot of the region, its allocator, every queue and device.
+  SystemStats GetStats() const;
+
+  struct Impl;  // driver/system.cc
+
+ private:
+  friend struct SystemFactory;  // driver/system_internal.h
+  explicit System(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_SYSTEM_H_

@@ -1,0 +1,124 @@
+// The vocabulary of transfers: directions, paths, host-buffer semantics,
+// events and device buffers (CONTRACTS §4).
+//
+// Thread-safety: the enums and their names are constants; Event and
+// DeviceBuffer are shared handles, safe to copy and use from any thread.
+
+#ifndef TPUSHIM_TRANSFER_H_
+#define TPUSHIM_TRANSFER_H_
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "tpushim/export.h"
+
+namespace tpushim {
+
+enum class DmaDirection : uint8_t {
+  kHostToDevice = 0,
+  kDeviceToHost = 1,
+  kDeviceToDevice = 2,
+};
+inline constexpr int kDmaDirectionCount = 3;
+// "h2d", "d2h", "d2d" (stats keys, trace names, the tools' JSON).
+TPUSHIM_EXPORT absl::string_view DmaDirectionName(DmaDirection direction);
+// "host→device", "device→host", "device→device" (log lines).
+TPUSHIM_EXPORT absl::string_view DmaDirectionDescription(
+    DmaDirection direction);
+
+// When the caller may reuse its host buffer, from most to least restrictive
+// for the engine (PJRT's HostBufferSemantics).
+enum class HostBufferSemantics {
+  // The engine is done with the host buffer when the call returns: a staged
+  // host→device transfer returns once its bytes are in staging buffers;
+  // every other transfer returns once it has completed (which, with
+  // `wait_for`, includes waiting for those events). The caller may then
+  // reuse or free the buffer at once.
+  kImmutableOnlyDuringCall,
+  // The caller keeps the buffer valid — and, host→device, unchanged;
+  // device→host, untouched — until the transfer's event is ready. The call
+  // returns at once; the engine may DMA straight from/to the buffer later.
+  kImmutableUntilTransferCompletes,
+};
+TPUSHIM_EXPORT absl::string_view HostBufferSemanticsName(HostBufferSemantics semantics);
+
+enum class TransferPath : int { kZeroCopy = 0, kStaged = 1, kPinned = 2 };
+inline constexpr int kTransferPathCount = 3;
+// "zero_copy", "staged", "pinned".
+TPUSHIM_EXPORT absl::string_view TransferPathName(TransferPath path);
+
+namespace transfer_internal {
+class Engine;
+class EventState;
+struct Allocation;
+}  // namespace transfer_internal
+
+// The completion of one asynchronous operation (a transfer, a
+// deallocation), with tpu_driver's semantics: it becomes ready exactly
+// once, with a status; it can be awaited, with or without a timeout;
+// callbacks added to it run once it is ready.
+//
+// Where callbacks run: a callback added to a pending event runs, after the
+// event becomes ready, on the system's callback thread — never on a DMA
+// thread and never under an engine lock — in the order callbacks became
+// runnable. A callback added to an event that is already ready runs at
+// once on the calling thread. Callbacks should be short: they share one
+// thread. They may call back into the system (Shutdown included).
+//
+// Awaiting a small transfer polls for a few microseconds before it sleeps,
+// so it does not pay a thread wake-up.
+//
+// A cheap, copyable, shared handle; thread-safe. A default-constructed
+// Event is ready with OK (convenient in `wait_for` lists).
+class TPUSHIM_EXPORT Event {
+ public:
+  // Ready, with OK.
+  Event();
+  explicit Event(std::shared_ptr<transfer_internal::EventState> state)
+      : state_(std::move(state)) {}
+
+  // An event that is already ready with `status`.
+  static Event Ready(absl::Status status);
+
+  bool IsReady() const;
+  // Blocks until ready; returns the status.
+  absl::Status Await() const;
+  // The status if the event became ready within `timeout`, else nullopt.
+  std::optional<absl::Status> AwaitWithTimeout(absl::Duration timeout) const;
+  // Runs `callback(status)` once the event is ready (see above for where).
+  void AddCallback(absl::AnyInvocable<void(absl::Status) &&> callback) const;
+
+  const std::shared_ptr<transfer_internal::EventState>& state() const {
+    return state_;
+  }
+
+ private:
+  std::shared_ptr<transfer_internal::EventState> state_;
+};
+
+// A device-memory buffer. Copies share one buffer; it is freed by
+// Deallocate (or when its system goes), not when the last copy goes.
+class TPUSHIM_EXPORT DeviceBuffer {
+ public:
+  DeviceBuffer() = default;  // refers to nothing; every call rejects it
+
+  int device() const;
+  uint64_t size() const;
+  uint64_t device_address() const;
+  bool valid() const { return allocation_ != nullptr; }
+
+ private:
+  friend class transfer_internal::Engine;
+  explicit DeviceBuffer(std::shared_ptr<transfer_internal::Allocation> a)
+      : allocation_(std::move(a)) {}
+  std::shared_ptr<transfer_internal::Allocation> allocation_;
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_TRANSFER_H_

@@ -1,0 +1,228 @@
+// tpushim::System: start-up in libtpu's order, the public API end to end,
+// several systems in one process, and start-up failures that unwind.
+
+#include "tpushim/system.h"
+
+#include <cstring>
+#include <regex.h>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "driver/system_internal.h"
+#include "env/fault_injection.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/testing/scoped_test_logging.h"
+
+namespace tpushim {
+namespace {
+
+using ::testing::HasSubstr;
+using testutil::ScopedTestLogging;
+
+constexpr uint64_t kMiB = uint64_t{1} << 20;
+
+// The real OS with no environment variables: tests set what they need
+// through the overrides.
+class EmptyEnvOs : public OsWrapper {
+ public:
+  explicit EmptyEnvOs(Os* target) : OsWrapper(target) {}
+  std::optional<std::string> GetEnv(const std::string&) override {
+    return std::nullopt;
+  }
+};
+
+OptionOverrides Small(uint64_t region = 8 * kMiB,
+                      std::string device = "sim://?devices=2&hbm=32M") {
+  OptionOverrides o;
+  o.premapped_buffer_size = region;
+  o.device = std::move(device);
+  o.prefault_threads = 1;
+  return o;
+}
+
+void ExpectInOrder(const std::string& text,
+                   const std::vector<std::string>& expected) {
+  size_t at = 0;
+  for (const std::string& e : expected) {
+    const size_t found = text.find(e, at);
+    ASSERT_NE(found, std::string::npos)
+        << "missing (in order): " << e << "\nlog:\n"
+        << text;
+    at = found + e.size();
+  }
+}
+
+TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  auto system = SystemFactory::Create(Small(), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  const std::string info = logs.File("INFO");
+  ExpectInOrder(info,
+                {"] TPU premapped buffer enabled. Size: 8388608 Threshold: "
+                 "8388608\n",
+                 "] Creating numa aware allocators, number of NUMA nodes ",
+                 "] Starting premapped memory manager initialization...\n",
+                 "] Premapped buffer is using alignment 64\n",
+                 "] mlock()-ed 8388608 bytes\n",
+                 "] Done premapping memory of size 8388608 in ",
+                 "] Done allocating premapped memory of size 8388608\n",
+                 "] tpu::System initialized, current host id: 0, logical "
+                 "device ids: 0,1\n",
+                 "] CreateTpuSystemState: TPU initialization is successful "
+                 "and it took ",
+                 "] CreateTpuSystemState: using TPU host premapped buffer of "
+                 "size: 8388608\n"});
+  // Nine decimals, as libtpu prints them.
+  regex_t re;
+  ASSERT_EQ(regcomp(&re, "and it took [0-9]+\\.[0-9]{9}s\n", REG_EXTENDED),
+            0);
+  EXPECT_EQ(regexec(&re, info.c_str(), 0, nullptr, 0), 0) << info;
+  regfree(&re);
+  EXPECT_GT((*system)->init_time(), absl::ZeroDuration());
+  EXPECT_EQ((*system)->device_count(), 2);
+  EXPECT_EQ((*system)->device(1).name, "sim:1");
+  EXPECT_EQ((*system)->premapped_bytes(), 8 * kMiB);
+  EXPECT_EQ((*system)->transfer_threshold_bytes(), 8 * kMiB);
+}
+
+TEST(SystemTest, RoundTripThroughPinnedHostAndPageableMemory) {
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  auto system = SystemFactory::Create(Small(), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  System& s = **system;
+  const uint64_t n = 3 * kMiB + 17;
+  auto pinned = s.AllocatePinnedHost(n);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  for (uint64_t i = 0; i < n; ++i) {
+    static_cast<char*>(pinned->data())[i] = static_cast<char>(i * 7);
+  }
+  EXPECT_EQ(s.PathFor(pinned->data(), n), TransferPath::kZeroCopy);
+  auto a = s.AllocateDevice(0, n);
+  auto b = s.AllocateDevice(1, n);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto up = s.TransferToDevice(pinned->data(), *a, 0, n);
+  ASSERT_TRUE(up.ok());
+  auto copy = s.TransferDeviceToDevice(*a, 0, *b, 0, n, {*up});
+  ASSERT_TRUE(copy.ok());
+  std::vector<char> back(n);
+  auto down = s.TransferFromDevice(*b, 0, back.data(), n, {*copy});
+  ASSERT_TRUE(down.ok());
+  ASSERT_TRUE(down->Await().ok()) << down->Await();
+  EXPECT_EQ(std::memcmp(back.data(), pinned->data(), n), 0);
+
+  const SystemStats stats = s.GetStats();
+  EXPECT_TRUE(stats.region.enabled);
+  EXPECT_GE(stats.region.bytes_in_use, n);
+  EXPECT_EQ(stats.region.live_allocations, 1u);
+  ASSERT_EQ(stats.devices.size(), 2u);
+  EXPECT_GE(stats.devices[0].hbm_in_use, n);
+  EXPECT_EQ(stats.transfers.host[0][0].transfers, 1u);  // h2d zero-copy
+  EXPECT_EQ(stats.transfers.host[1][1].transfers, 1u);  // d2h staged
+  EXPECT_EQ(stats.transfers.device_to_device.transfers, 1u);
+
+  pinned->Reset();
+  EXPECT_EQ(s.GetStats().region.live_allocations, 0u);
+  auto freed = s.Deallocate(*a);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_TRUE(freed->Await().ok());
+}
+
+TEST(SystemTest, PinnedHostAllocationFailsWithLibtpuText) {
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  auto system = SystemFactory::Create(Small(8 * kMiB), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  auto held = (*system)->AllocatePinnedHost(2 * kMiB - 460 * 1024);
+  ASSERT_TRUE(held.ok());
+  auto big = (*system)->AllocatePinnedHost(8 * kMiB);
+  ASSERT_FALSE(big.ok());
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(big.status().message()),
+              HasSubstr("Attempting to allocate 8.00M. That was not possible. "
+                        "There are 6.45M free."));
+  EXPECT_THAT(logs.File("ERROR"),
+              HasSubstr("Allocating buffer from premapped region failed with: "
+                        "RESOURCE_EXHAUSTED: Attempting to allocate 8.00M."));
+}
+
+TEST(SystemTest, PinnedHostWithRegionOffIsFailedPrecondition) {
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  auto system = SystemFactory::Create(Small(0), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  EXPECT_EQ((*system)->AllocatePinnedHost(4096).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(logs.File("INFO"), HasSubstr("] TPU premapped buffer disabled."));
+  EXPECT_FALSE((*system)->GetStats().region.enabled);
+}
+
+TEST(SystemTest, TwoSystemsLiveSideBySide) {
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  auto one = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
+  auto two = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
+  ASSERT_TRUE(one.ok() && two.ok());
+  auto a = (*one)->AllocateDevice(0, 4096);
+  ASSERT_TRUE(a.ok());
+  // A buffer of one system is foreign to the other.
+  std::vector<char> host(4096, 1);
+  EXPECT_EQ((*two)->TransferToDevice(host.data(), *a, 0, 4096).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto up = (*one)->TransferToDevice(host.data(), *a, 0, 4096);
+  ASSERT_TRUE(up.ok());
+  EXPECT_TRUE(up->Await().ok());
+  one->reset();
+  auto b = (*two)->AllocateDevice(0, 4096);
+  EXPECT_TRUE(b.ok());
+}
+
+TEST(SystemTest, MalformedSettingIsInvalidArgumentNamingIt) {
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  OptionOverrides o = Small();
+  o.device = "sim://?devices=0";
+  auto system = SystemFactory::Create(o, &os);
+  ASSERT_FALSE(system.ok());
+  EXPECT_EQ(system.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(system.status().message()), HasSubstr("devices"));
+}
+
+TEST(SystemTest, EveryStartupFailureUnwindsCompletely) {
+  // Fail each OS call of start-up in turn (mmap, madvise, mlock, numa,
+  // alloc, dma, pin, log_open): every run is a clean error or a clean
+  // start, and nothing stays mapped, locked, pinned or open afterwards.
+  ScopedTestLogging logs;
+  EmptyEnvOs env(Os::Default());
+  FaultInjector injector;
+  FaultInjectingOs os(&env, &injector);
+  uint64_t failures = 0;
+  auto runs = RunWithCountedFailures(
+      injector, FaultPointSet::All(), [&](uint64_t n) {
+        {
+          auto system = SystemFactory::Create(Small(), &os);
+          if (!system.ok()) {
+            ++failures;
+            EXPECT_NE(system.status().code(), absl::StatusCode::kOk);
+          } else {
+            // A started system works.
+            std::vector<char> host(4096, 1);
+            auto b = (*system)->AllocateDevice(0, 4096);
+            ASSERT_TRUE(b.ok()) << "run " << n;
+          }
+        }
+        EXPECT_EQ(os.mapped_bytes(), 0u) << "run " << n;
+        EXPECT_EQ(os.locked_bytes(), 0u) << "run " << n;
+        EXPECT_EQ(os.pinned_bytes(), 0u) << "run " << n;
+        EXPECT_EQ(os.open_files(), 0u) << "run " << n;
+      });
+  ASSERT_TRUE(runs.ok()) << runs.status();
+  EXPECT_GE(*runs, 3u);
+  EXPECT_GE(failures, 1u);
+}
+
+}  // namespace
+}  // namespace tpushim
