@@ -106,6 +106,12 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     TPUSHIM_RETURN_IF_ERROR(
         logging::InitLogging(logging::LogConfig::FromOptions(options),
                              base_os));
+  } else if (options.log_dir.source != OptionSource::kDefault ||
+             options.min_log_level.source != OptionSource::kDefault ||
+             options.stderr_log_level.source != OptionSource::kDefault) {
+    LOG(INFO) << "Logging is already set up in this process (directory \""
+              << logging::ActiveLogDirectory()
+              << "\"); this system's logging settings are not applied";
   }
   for (const std::string& w : options.warnings) LOG(WARNING) << w;
 
@@ -173,7 +179,11 @@ int System::device_count() const {
 }
 
 const DeviceDescription& System::device(int device) const {
-  return impl_->descriptions.at(device);
+  if (device < 0 || device >= device_count()) {
+    LOG(FATAL) << "System::device(" << device << "): devices are 0.."
+               << device_count() - 1;
+  }
+  return impl_->descriptions[device];
 }
 
 absl::Duration System::init_time() const { return impl_->init_time; }

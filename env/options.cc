@@ -496,6 +496,49 @@ absl::StatusOr<Options> ResolveOptions(Os& os, const OptionOverrides& api) {
   return options;
 }
 
+absl::Status SetOptionOverride(OptionOverrides& overrides,
+                               absl::string_view variable,
+                               absl::string_view text) {
+  bool found = false;
+  TPUSHIM_RETURN_IF_ERROR(ForEachSetting([&](const auto& setting)
+                                             -> absl::Status {
+    if (found || setting.variable != variable) return absl::OkStatus();
+    found = true;
+    // The setting's own parser, named as its variable. With the region
+    // "off" in `resolved`, the threshold's parser checks only that it is a
+    // decimal: ResolveOptions checks it against the size once that is known.
+    Options resolved;
+    resolved.premapped_buffer_size.value = 0;
+    std::vector<std::string> warnings;  // ResolveOptions reports them
+    TPUSHIM_ASSIGN_OR_RETURN(
+        auto value,
+        setting.parse(text, ParseContext{std::string(setting.variable),
+                                         resolved, &warnings}));
+    auto& field = overrides.*setting.api;
+    using ApiType = typename std::remove_cvref_t<decltype(field)>::value_type;
+    if constexpr (std::is_same_v<ApiType, decltype(value)>) {
+      field = std::move(value);
+    } else {
+      // Settings given to the API as text (device, faults, vmodule).
+      static_assert(std::is_same_v<ApiType, std::string>);
+      field = std::string(text);
+    }
+    return absl::OkStatus();
+  }));
+  if (!found) {
+    std::vector<absl::string_view> known;
+    (void)ForEachSetting([&](const auto& setting) {
+      known.push_back(setting.variable);
+      return absl::OkStatus();
+    });
+    return absl::InvalidArgumentError(
+        absl::StrCat("unknown option \"", variable,
+                     "\"; options are named by their environment variable: ",
+                     absl::StrJoin(known, ", ")));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<OptionRow> DescribeOptions(const Options& options) {
   std::vector<OptionRow> rows;
   (void)ForEachSetting([&](const auto& setting) {

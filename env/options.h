@@ -153,6 +153,22 @@ struct Options {
 //   TPUSHIM_FAULTS="mmap:nth=0": <what ParseFaultSpec says>
 absl::StatusOr<Options> ResolveOptions(Os& os, const OptionOverrides& api = {});
 
+// Sets the field of `overrides` for the setting whose environment variable
+// is `variable` (e.g. "TPU_PREMAPPED_BUFFER_SIZE", case-sensitive) from
+// `text`, parsed by the same parser as that variable's environment value
+// (for the C API's name/value options). Overwrites a field already set.
+//
+// Errors (and `overrides` is left unchanged): INVALID_ARGUMENT for an
+// unknown variable (the message names it and lists the known ones) or a
+// malformed value, with the message an environment value would get, e.g.
+//   TPU_PREMAPPED_BUFFER_SIZE="5000" is not a multiple of 4096 ...
+// Checks that relate one setting to another (the threshold against the
+// size) need the other one resolved, so they happen in ResolveOptions,
+// whose message names `API option <field>`.
+absl::Status SetOptionOverride(OptionOverrides& overrides,
+                               absl::string_view variable,
+                               absl::string_view text);
+
 // One row per setting, for `tpushim info` and the start-up INFO line, in
 // the order of CONTRACTS §1. Values are canonical text: enums as their
 // words, the NUMA node as `auto` or its number, TPU_VMODULE as

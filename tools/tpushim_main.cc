@@ -7,6 +7,7 @@
 #include "CLI/CLI.hpp"
 #include "env/os.h"
 #include "tools/command.h"
+#include "tools/demo.h"
 #include "tools/info.h"
 
 namespace tpushim::tools {
@@ -29,6 +30,7 @@ int Main(int argc, char** argv) {
 
   CommandContext context{Os::Default(), &std::cout, &std::cerr};
   RegisterInfoCommand(app, context);
+  RegisterDemoCommand(app, context);
 
   if (argc <= 1) {
     std::cerr << app.help();

@@ -64,7 +64,13 @@ class EventState {
  public:
   // `executor` runs the user callbacks of this event; it must outlive the
   // event's resolution (the engine resolves every event before it goes).
-  explicit EventState(CallbackExecutor* executor) : executor_(executor) {}
+  // `owner` identifies the engine that resolves the event (null for
+  // events made ready at once): an engine refuses to wait for a pending
+  // event of another engine, which could outlive it.
+  explicit EventState(CallbackExecutor* executor, const void* owner = nullptr)
+      : owner_(owner), executor_(executor) {}
+
+  const void* owner() const { return owner_; }
   EventState(const EventState&) = delete;
   EventState& operator=(const EventState&) = delete;
 
@@ -98,6 +104,7 @@ class EventState {
   // Spins briefly for readiness; true when ready.
   bool SpinUntilReady(int64_t spin_ns) const;
 
+  const void* const owner_;
   std::atomic<bool> ready_{false};
   std::atomic<int64_t> await_spin_ns_{kDefaultAwaitSpinNs};
   absl::Status status_;  // written once, before ready_ is released

@@ -237,6 +237,21 @@ class Engine {
                                    absl::Span<const Event> wait_for);
   absl::StatusOr<Event> Submit(std::shared_ptr<Op> op,
                                absl::Span<const Event> wait_for);
+  // INVALID_ARGUMENT when `wait_for` holds a pending event of another
+  // engine: its continuation would call into this one, which may be gone
+  // by then.
+  absl::Status CheckWaitFor(absl::Span<const Event> wait_for) const {
+    for (const Event& e : wait_for) {
+      const auto& state = e.state();
+      if (state->owner() != nullptr && state->owner() != this &&
+          !state->IsReady()) {
+        return absl::InvalidArgumentError(
+            "wait_for holds a pending event of another system; wait for "
+            "it (Await or a callback) before submitting here");
+      }
+    }
+    return absl::OkStatus();
+  }
   absl::StatusOr<std::shared_ptr<Op>> NewHostOp(
       OpKind kind, const DeviceBuffer& buffer, uint64_t offset,
       const void* host, uint64_t size, HostBufferSemantics semantics);
@@ -547,7 +562,7 @@ absl::StatusOr<Event> Engine::Deallocate(const DeviceBuffer& buffer,
             : "Deallocate: the device buffer belongs to another transfer "
               "engine");
   }
-  auto event = std::make_shared<EventState>(&callbacks_);
+  auto event = std::make_shared<EventState>(&callbacks_, this);
   bool no_ops;
   {
     MutexLock lock(&a->mu);
@@ -698,7 +713,7 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewDeviceToDeviceOp(
 absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
                                      absl::Span<const Event> wait_for) {
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
-  op->event = std::make_shared<EventState>(&callbacks_);
+  op->event = std::make_shared<EventState>(&callbacks_, this);
   // Awaiting a small transfer polls; a large one sleeps at once.
   if (op->size > kSpinAwaitMaxBytes) op->event->set_await_spin_ns(0);
   op->submit_ns = os_->MonotonicNanos();
@@ -1649,6 +1664,7 @@ absl::StatusOr<DeviceBuffer> TransferEngine::Allocate(int device,
 
 absl::StatusOr<Event> TransferEngine::Deallocate(
     const DeviceBuffer& buffer, absl::Span<const Event> wait_for) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   return impl_->Deallocate(buffer, wait_for);
 }
 
@@ -1656,6 +1672,7 @@ absl::StatusOr<Event> TransferEngine::TransferToDevice(
     const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
     uint64_t size, absl::Span<const Event> wait_for,
     HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
       impl_->NewHostOp(transfer_internal::OpKind::kToDevice, dst, dst_offset,
@@ -1666,6 +1683,7 @@ absl::StatusOr<Event> TransferEngine::TransferToDevice(
 absl::StatusOr<Event> TransferEngine::TransferFromDevice(
     const DeviceBuffer& src, uint64_t src_offset, void* dst, uint64_t size,
     absl::Span<const Event> wait_for, HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
       impl_->NewHostOp(transfer_internal::OpKind::kFromDevice, src,
@@ -1676,6 +1694,7 @@ absl::StatusOr<Event> TransferEngine::TransferFromDevice(
 absl::StatusOr<Event> TransferEngine::TransferDeviceToDevice(
     const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
     uint64_t dst_offset, uint64_t size, absl::Span<const Event> wait_for) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
       impl_->NewDeviceToDeviceOp(src, src_offset, dst, dst_offset, size));

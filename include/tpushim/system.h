@@ -108,7 +108,7 @@ class TPUSHIM_EXPORT System {
   ~System();
 
   int device_count() const;
-  // REQUIRES: 0 <= device < device_count().
+  // REQUIRES: 0 <= device < device_count() (a violation is a fatal error).
   const DeviceDescription& device(int device) const;
   // Start-up time (options to the last start-up line).
   absl::Duration init_time() const;

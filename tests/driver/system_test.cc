@@ -180,6 +180,36 @@ TEST(SystemTest, TwoSystemsLiveSideBySide) {
   EXPECT_TRUE(b.ok());
 }
 
+TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
+  // Its continuation would call into this system after it may be gone.
+  ScopedTestLogging logs;
+  EmptyEnvOs os(Os::Default());
+  auto slow = SystemFactory::Create(
+      Small(4 * kMiB, "sim://?hbm=16M&latency_us=200000"), &os);
+  auto other = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
+  ASSERT_TRUE(slow.ok() && other.ok());
+  std::vector<char> host(4096, 1);
+  auto a = (*slow)->AllocateDevice(0, 4096);
+  auto b = (*other)->AllocateDevice(0, 4096);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto pending = (*slow)->TransferToDevice(host.data(), *a, 0, 4096);
+  ASSERT_TRUE(pending.ok());
+  ASSERT_FALSE(pending->IsReady());
+  auto refused = (*other)->TransferToDevice(host.data(), *b, 0, 4096,
+                                            {*pending});
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("another system"));
+  EXPECT_EQ((*other)->Deallocate(*b, {*pending}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // Once ready, it is an ordinary (ready) dependency.
+  ASSERT_TRUE(pending->Await().ok());
+  auto accepted = (*other)->TransferToDevice(host.data(), *b, 0, 4096,
+                                             {*pending});
+  ASSERT_TRUE(accepted.ok()) << accepted.status();
+  EXPECT_TRUE(accepted->Await().ok());
+}
+
 TEST(SystemTest, MalformedSettingIsInvalidArgumentNamingIt) {
   ScopedTestLogging logs;
   EmptyEnvOs os(Os::Default());

@@ -909,5 +909,114 @@ TEST(OptionsTest, NamesSourcesAndModes) {
   EXPECT_EQ(MlockModeName(MlockMode::kOff), "off");
 }
 
+// ---- SetOptionOverride (the C API's name/value options) ----------------------
+
+TEST(SetOptionOverrideTest, SetsEveryFieldFromItsVariableText) {
+  OptionOverrides o;
+  const std::vector<std::pair<std::string, std::string>> settings = {
+      {"TPU_PREMAPPED_BUFFER_SIZE", "8388608"},
+      {"TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES", "1048576"},
+      {"TPU_LOG_DIR", "disabled"},
+      {"TPU_MIN_LOG_LEVEL", "1"},
+      {"TPU_STDERR_LOG_LEVEL", "3"},
+      {"TPU_VMODULE", "premapped_region=2"},
+      {"TPU_MAX_LOG_SIZE_MB", "16"},
+      {"TPUSHIM_LOG_KEEP", "2"},
+      {"TPUSHIM_DEVICE", "sim://?devices=2"},
+      {"TPUSHIM_HUGEPAGES", "THP"},
+      {"TPUSHIM_PREFAULT_THREADS", "3"},
+      {"TPUSHIM_NUMA_NODE", "auto"},
+      {"TPUSHIM_MLOCK", "off"},
+      {"TPUSHIM_FAULTS", "dma:nth=2"},
+      {"TPUSHIM_TRACE_FILE", "/tmp/t.json"},
+      {"TPUSHIM_DUMP_ON_OOM", "1"},
+  };
+  for (const auto& [name, value] : settings) {
+    EXPECT_TRUE(SetOptionOverride(o, name, value).ok()) << name;
+  }
+  EXPECT_EQ(o.premapped_buffer_size, uint64_t{8388608});
+  EXPECT_EQ(o.premapped_buffer_transfer_threshold_bytes, uint64_t{1048576});
+  EXPECT_EQ(o.log_dir, "disabled");
+  EXPECT_EQ(o.min_log_level, 1);
+  EXPECT_EQ(o.stderr_log_level, 3);
+  EXPECT_EQ(o.vmodule, "premapped_region=2");
+  EXPECT_EQ(o.max_log_size_mb, uint64_t{16});
+  EXPECT_EQ(o.log_keep, 2);
+  EXPECT_EQ(o.device, "sim://?devices=2");
+  EXPECT_EQ(o.hugepages, HugePagesMode::kThp);
+  EXPECT_EQ(o.prefault_threads, 3);
+  ASSERT_TRUE(o.numa_node.has_value());
+  EXPECT_EQ(*o.numa_node, std::nullopt);
+  EXPECT_EQ(o.mlock, MlockMode::kOff);
+  EXPECT_EQ(o.faults, "dma:nth=2");
+  EXPECT_EQ(o.trace_file, "/tmp/t.json");
+  EXPECT_EQ(o.dump_on_oom, true);
+
+  // And they resolve as API values.
+  const Options options = MustResolve({}, o);
+  EXPECT_EQ(options.premapped_buffer_size.value, uint64_t{8388608});
+  EXPECT_EQ(options.premapped_buffer_size.source, OptionSource::kApi);
+  EXPECT_EQ(options.device.value.text, "sim://?devices=2");
+  EXPECT_EQ(options.device.source, OptionSource::kApi);
+}
+
+TEST(SetOptionOverrideTest, MalformedValueIsTheEnvironmentError) {
+  OptionOverrides o;
+  const absl::Status s =
+      SetOptionOverride(o, "TPU_PREMAPPED_BUFFER_SIZE", "5000");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  const absl::StatusOr<Options> env =
+      Resolve({{"TPU_PREMAPPED_BUFFER_SIZE", "5000"}});
+  EXPECT_EQ(std::string(s.message()), MessageOf(env));
+  EXPECT_FALSE(o.premapped_buffer_size.has_value());
+
+  for (const auto& [name, value] :
+       std::vector<std::pair<std::string, std::string>>{
+           {"TPUSHIM_DEVICE", "tcp://x"},
+           {"TPUSHIM_MLOCK", "sometimes"},
+           {"TPUSHIM_NUMA_NODE", "-1"},
+           {"TPU_MIN_LOG_LEVEL", "4"},
+           {"TPUSHIM_FAULTS", "dma:nth=0"},
+           {"TPU_LOG_DIR", ""}}) {
+    const absl::Status e = SetOptionOverride(o, name, value);
+    EXPECT_EQ(e.code(), absl::StatusCode::kInvalidArgument) << name;
+    EXPECT_THAT(std::string(e.message()), HasSubstr(name));
+  }
+}
+
+TEST(SetOptionOverrideTest, UnknownNameIsInvalidArgumentListingKnownOnes) {
+  OptionOverrides o;
+  const absl::Status s = SetOptionOverride(o, "TPU_PREMAPPED_SIZE", "4096");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("TPU_PREMAPPED_SIZE"));
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("TPU_PREMAPPED_BUFFER_SIZE, "));
+  // Names are case-sensitive, like variables.
+  EXPECT_FALSE(SetOptionOverride(o, "tpu_log_dir", "x").ok());
+}
+
+TEST(SetOptionOverrideTest, ThresholdIsCheckedAgainstTheSizeAtResolution) {
+  OptionOverrides o;
+  // 0 parses (the region may be off) ...
+  ASSERT_TRUE(
+      SetOptionOverride(o, "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES", "0")
+          .ok());
+  // ... but not with a region.
+  EXPECT_EQ(Resolve({}, o).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(SetOptionOverride(o, "TPU_PREMAPPED_BUFFER_SIZE", "0").ok());
+  EXPECT_TRUE(Resolve({}, o).ok());
+  // Larger than the size: kept as given, clamped at resolution.
+  ASSERT_TRUE(SetOptionOverride(o, "TPU_PREMAPPED_BUFFER_SIZE", "8192").ok());
+  ASSERT_TRUE(
+      SetOptionOverride(o, "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES",
+                        "1048576")
+          .ok());
+  EXPECT_EQ(o.premapped_buffer_transfer_threshold_bytes, uint64_t{1048576});
+  const Options options = MustResolve({}, o);
+  EXPECT_EQ(options.premapped_buffer_transfer_threshold_bytes.value, 8192u);
+  EXPECT_THAT(options.warnings, SizeIs(1));
+}
+
 }  // namespace
 }  // namespace tpushim

@@ -1,0 +1,876 @@
+// The C ABI (include/tpushim/c_api.h) over tpushim::System. Each function
+// does the same three things: check the args struct and the handles, call
+// the C++ API, convert the Status into a TpuShim_Error*.
+//
+// Handles are ids into process-wide tables, one per kind:
+//
+//   bits 63..56  kind tag ('S' system, 'H' host buffer, 'D' device buffer,
+//                'E' event) — a handle of the wrong kind is recognized
+//   bits 55..32  slot index
+//   bits 31..0   the slot's generation (never 0), bumped when the slot is
+//                freed — a stale or doubly-freed handle is recognized
+//
+// so every id the caller can make up is either live or INVALID_ARGUMENT.
+// Entries hold the C++ objects (shared handles) and the id of the system
+// they belong to; calls copy what they need out under the table's lock and
+// call C++ without it.
+//
+// A system entry counts the calls running on it. System_Destroy takes the
+// system out of its table, marks it closing (new calls on it fail as
+// stale), waits for the running calls to return, frees its host buffers,
+// drops its device buffers and destroys the System (which cancels what
+// has not started and runs the pending callbacks — those that call back
+// into the system find it closing instead of deadlocking).
+//
+// Versioning: 1.0 is the first version, so every field of every args
+// struct lies within the 1.0 size that CheckArgs requires. A field
+// appended in 1.x must be read (or written) only when
+// `args->struct_size >= TPUSHIM_STRUCT_SIZE(<type>, <field>)`, and take its
+// default otherwise.
+//
+// Thread-safety: every function is thread-safe; no table or system lock is
+// held while calling into the C++ API or a user callback.
+
+#include "tpushim/c_api.h"
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/mutex.h"
+#include "common/status_macros.h"
+#include "driver/c_api_internal.h"
+#include "driver/system_internal.h"
+#include "env/options.h"
+#include "tpushim/system.h"
+
+struct TpuShim_Error {
+  absl::Status status;
+  std::string message;  // status.message(), NUL-terminated
+};
+
+namespace tpushim {
+namespace {
+
+// ---- Errors -----------------------------------------------------------------
+
+TpuShim_Error* NewError(absl::Status status) {
+  std::string message(status.message());
+  return new TpuShim_Error{std::move(status), std::move(message)};
+}
+
+// Returned when an error cannot be allocated; never freed.
+TpuShim_Error* const kOutOfMemoryError = NewError(absl::ResourceExhaustedError(
+    "tpushim C API: out of host memory (operator new failed)"));
+
+TpuShim_Error* ToError(absl::Status status) noexcept {
+  if (status.ok()) return nullptr;
+  try {
+    return NewError(std::move(status));
+  } catch (...) {
+    return kOutOfMemoryError;
+  }
+}
+
+// Runs one API call: no exception crosses into C.
+template <typename F>
+TpuShim_Error* Guard(F&& f) noexcept {
+  absl::Status status;
+  try {
+    status = f();
+  } catch (const std::bad_alloc&) {
+    return kOutOfMemoryError;
+  } catch (const std::exception& e) {
+    status = absl::InternalError(
+        absl::StrCat("tpushim C API: unexpected exception: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError("tpushim C API: unexpected exception");
+  }
+  return ToError(std::move(status));
+}
+
+// The args pointer and its struct_size (see "Versioning" above).
+template <typename Args>
+absl::Status CheckArgs(const Args* args, absl::string_view function,
+                       size_t v1_size, absl::string_view size_macro) {
+  if (args == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": the args pointer is NULL"));
+  }
+  if (args->struct_size < v1_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        function, ": args->struct_size is ", args->struct_size,
+        ", smaller than the API 1.0 size ", v1_size, " (", size_macro, ")"));
+  }
+  return absl::OkStatus();
+}
+
+#define TPUSHIM_CHECK_ARGS(args, function, size_macro) \
+  TPUSHIM_RETURN_IF_ERROR(CheckArgs(args, function, size_macro, #size_macro))
+
+// ---- Handle tables ----------------------------------------------------------
+
+enum class Kind : uint8_t {
+  kSystem = 'S',
+  kHostBuffer = 'H',
+  kDeviceBuffer = 'D',
+  kEvent = 'E',
+};
+
+absl::string_view KindName(uint64_t tag) {
+  switch (static_cast<Kind>(tag)) {
+    case Kind::kSystem:
+      return "TpuShim_System";
+    case Kind::kHostBuffer:
+      return "TpuShim_HostBuffer";
+    case Kind::kDeviceBuffer:
+      return "TpuShim_DeviceBuffer";
+    case Kind::kEvent:
+      return "TpuShim_Event";
+  }
+  return "";
+}
+
+constexpr int kKindShift = 56;
+constexpr int kSlotShift = 32;
+constexpr uint64_t kSlotMask = (uint64_t{1} << (kKindShift - kSlotShift)) - 1;
+constexpr uint64_t kGenerationMask = (uint64_t{1} << kSlotShift) - 1;
+
+absl::Status InvalidHandle(Kind kind, uint64_t id, absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("Invalid %s handle 0x%016x: %s",
+                      KindName(static_cast<uint64_t>(kind)), id, why));
+}
+
+// Live entries of one kind, by id. T is a copyable value (a shared handle).
+template <typename T>
+class HandleTable {
+ public:
+  explicit HandleTable(Kind kind) : kind_(kind) {}
+  HandleTable(const HandleTable&) = delete;
+  HandleTable& operator=(const HandleTable&) = delete;
+
+  // A new id for `value`. RESOURCE_EXHAUSTED when 2^24 are live.
+  absl::StatusOr<uint64_t> Insert(T value) {
+    MutexLock lock(&mu_);
+    uint64_t slot;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else if (slots_.size() <= kSlotMask) {
+      slot = slots_.size();
+      slots_.emplace_back();
+    } else {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tpushim C API: ", kSlotMask + 1, " ",
+                       KindName(static_cast<uint64_t>(kind_)),
+                       " handles are live; destroy some first"));
+    }
+    Slot& s = slots_[slot];
+    s.value = std::move(value);
+    return (static_cast<uint64_t>(kind_) << kKindShift) | (slot << kSlotShift) |
+           s.generation;
+  }
+
+  // A copy of the entry of `id`.
+  absl::StatusOr<T> Get(uint64_t id) const {
+    MutexLock lock(&mu_);
+    TPUSHIM_ASSIGN_OR_RETURN(const Slot* s, Find(id));
+    return *s->value;
+  }
+
+  // Removes the entry of `id` and returns it, if `check(entry)` is OK;
+  // otherwise returns check's error and leaves the entry.
+  absl::StatusOr<T> Take(uint64_t id,
+                         absl::FunctionRef<absl::Status(const T&)> check) {
+    MutexLock lock(&mu_);
+    TPUSHIM_ASSIGN_OR_RETURN(const Slot* found, Find(id));
+    TPUSHIM_RETURN_IF_ERROR(check(*found->value));
+    Slot& s = slots_[(id >> kSlotShift) & kSlotMask];
+    T value = *std::move(s.value);
+    Free(s, (id >> kSlotShift) & kSlotMask);
+    return value;
+  }
+
+  // Removes and returns every entry `pred` accepts.
+  std::vector<T> TakeAll(absl::FunctionRef<bool(const T&)> pred) {
+    std::vector<T> taken;
+    MutexLock lock(&mu_);
+    for (uint64_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.value.has_value() && pred(*s.value)) {
+        taken.push_back(*std::move(s.value));
+        Free(s, i);
+      }
+    }
+    return taken;
+  }
+
+ private:
+  struct Slot {
+    uint32_t generation = 1;
+    std::optional<T> value;
+  };
+
+  absl::StatusOr<const Slot*> Find(uint64_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (id == 0) return InvalidHandle(kind_, id, "no handle (id 0)");
+    const uint64_t tag = id >> kKindShift;
+    if (tag != static_cast<uint64_t>(kind_)) {
+      const absl::string_view other = KindName(tag);
+      return InvalidHandle(kind_, id,
+                           other.empty()
+                               ? "not an id this library issued"
+                               : absl::StrCat("it is a ", other, " handle"));
+    }
+    const uint64_t slot = (id >> kSlotShift) & kSlotMask;
+    const uint64_t generation = id & kGenerationMask;
+    if (slot >= slots_.size() || generation == 0 ||
+        generation > slots_[slot].generation ||
+        (generation == slots_[slot].generation &&
+         !slots_[slot].value.has_value())) {
+      return InvalidHandle(kind_, id, "not an id this library issued");
+    }
+    if (generation < slots_[slot].generation) {
+      return InvalidHandle(kind_, id,
+                           "stale (already freed or destroyed, or its "
+                           "system was destroyed)");
+    }
+    return &slots_[slot];
+  }
+
+  void Free(Slot& s, uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    s.value.reset();
+    // Generation 0 is never issued; after 2^32 - 1 reuses, wrap to 1.
+    s.generation = s.generation == kGenerationMask ? 1 : s.generation + 1;
+    free_.push_back(slot);
+  }
+
+  // Constant after construction.
+  const Kind kind_;
+  // Protected by mu_.
+  mutable Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// A system and the calls running on it.
+struct SystemEntry {
+  explicit SystemEntry(std::unique_ptr<System> s) : system(std::move(s)) {}
+
+  // Constant until System_Destroy, which resets it once no call runs.
+  std::unique_ptr<System> system;
+
+  Mutex mu;
+  CondVar idle;
+  int active ABSL_GUARDED_BY(mu) = 0;
+  bool closing ABSL_GUARDED_BY(mu) = false;
+};
+
+struct HostBufferEntry {
+  uint64_t system_id = 0;
+  PinnedHostBuffer buffer;
+};
+
+struct DeviceBufferEntry {
+  uint64_t system_id = 0;
+  DeviceBuffer buffer;
+};
+
+struct EventEntry {
+  uint64_t system_id = 0;
+  Event event;
+};
+
+struct Tables {
+  HandleTable<std::shared_ptr<SystemEntry>> systems{Kind::kSystem};
+  HandleTable<std::shared_ptr<HostBufferEntry>> host_buffers{Kind::kHostBuffer};
+  HandleTable<DeviceBufferEntry> device_buffers{Kind::kDeviceBuffer};
+  HandleTable<EventEntry> events{Kind::kEvent};
+};
+
+// Never destroyed: callbacks and other threads may use the tables while the
+// process exits.
+Tables& tables() {
+  static Tables* const t = new Tables;
+  return *t;
+}
+
+std::atomic<Os*> test_os{nullptr};
+
+// Set while a C callback runs on a system's callback thread: that system's
+// id (System_Destroy refuses it there).
+thread_local uint64_t tls_callback_system = 0;
+// Set while Event_AddCallback runs on this thread: a callback that runs
+// then runs inline (the event was ready), not on a callback thread.
+thread_local int tls_adding_callback = 0;
+
+// A running call on a system: holds the system open (System_Destroy waits
+// for it).
+class SystemCall {
+ public:
+  static absl::StatusOr<SystemCall> Enter(TpuShim_System handle) {
+    TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<SystemEntry> entry,
+                             tables().systems.Get(handle.id));
+    {
+      MutexLock lock(&entry->mu);
+      if (entry->closing) {
+        return InvalidHandle(Kind::kSystem, handle.id,
+                             "stale (the system is being destroyed)");
+      }
+      ++entry->active;
+    }
+    return SystemCall(std::move(entry), handle.id);
+  }
+
+  SystemCall(SystemCall&& other) noexcept
+      : entry_(std::move(other.entry_)), id_(other.id_) {}
+  SystemCall& operator=(SystemCall&&) = delete;
+  ~SystemCall() {
+    if (entry_ == nullptr) return;
+    MutexLock lock(&entry_->mu);
+    if (--entry_->active == 0) entry_->idle.SignalAll();
+  }
+
+  System& system() const { return *entry_->system; }
+  // The system's handle id.
+  uint64_t id() const { return id_; }
+
+ private:
+  SystemCall(std::shared_ptr<SystemEntry> entry, uint64_t id)
+      : entry_(std::move(entry)), id_(id) {}
+  std::shared_ptr<SystemEntry> entry_;
+  uint64_t id_;
+};
+
+absl::Status Foreign(Kind kind, uint64_t id) {
+  return InvalidHandle(kind, id, "it belongs to another TpuShim_System");
+}
+
+absl::StatusOr<DeviceBuffer> GetDeviceBuffer(const SystemCall& call,
+                                             TpuShim_DeviceBuffer handle) {
+  TPUSHIM_ASSIGN_OR_RETURN(DeviceBufferEntry entry,
+                           tables().device_buffers.Get(handle.id));
+  if (entry.system_id != call.id()) {
+    return Foreign(Kind::kDeviceBuffer, handle.id);
+  }
+  return std::move(entry.buffer);
+}
+
+// The events of a wait_for list, all of the call's system.
+absl::StatusOr<std::vector<Event>> GetWaitFor(const SystemCall& call,
+                                              absl::string_view function,
+                                              const TpuShim_Event* wait_for,
+                                              size_t num_wait_for) {
+  std::vector<Event> events;
+  if (num_wait_for == 0) return events;
+  if (wait_for == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": args->wait_for is NULL and num_wait_for is ",
+                     num_wait_for));
+  }
+  for (size_t i = 0; i < num_wait_for; ++i) {
+    absl::StatusOr<EventEntry> entry = tables().events.Get(wait_for[i].id);
+    if (entry.ok() && entry->system_id != call.id()) {
+      entry = Foreign(Kind::kEvent, wait_for[i].id);
+    }
+    if (!entry.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          entry.status().message(), " (", function, ": wait_for[", i, "])"));
+    }
+    events.push_back(std::move(entry->event));
+  }
+  return events;
+}
+
+absl::Status AddEvent(uint64_t system_id, Event event, TpuShim_Event* out) {
+  TPUSHIM_ASSIGN_OR_RETURN(
+      out->id, tables().events.Insert(EventEntry{system_id, std::move(event)}));
+  return absl::OkStatus();
+}
+
+// `semantics` is an int32_t: a C caller may put any value there.
+absl::StatusOr<HostBufferSemantics> ToSemantics(int32_t semantics,
+                                                absl::string_view function) {
+  switch (semantics) {
+    case TPUSHIM_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL:
+      return HostBufferSemantics::kImmutableOnlyDuringCall;
+    case TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES:
+      return HostBufferSemantics::kImmutableUntilTransferCompletes;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(function, ": args->semantics ", semantics,
+                       " is not a TpuShim_HostBufferSemantics value"));
+  }
+}
+
+// ---- Errors (the table) -----------------------------------------------------
+
+void ErrorDestroy(TpuShim_Error* error) {
+  if (error != kOutOfMemoryError) delete error;
+}
+
+int ErrorCode(const TpuShim_Error* error) {
+  return error == nullptr ? TPUSHIM_CODE_OK
+                          : static_cast<int>(error->status.code());
+}
+
+const char* ErrorMessage(const TpuShim_Error* error) {
+  return error == nullptr ? "" : error->message.c_str();
+}
+
+// ---- System -----------------------------------------------------------------
+
+TpuShim_Error* SystemCreate(TpuShim_System_Create_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "System_Create",
+                       TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE);
+    if (args->options == nullptr && args->num_options > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "System_Create: args->options is NULL and num_options is ",
+          args->num_options));
+    }
+    OptionOverrides overrides;
+    for (size_t i = 0; i < args->num_options; ++i) {
+      const TpuShim_Option& option = args->options[i];
+      if (option.name == nullptr || option.value == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "System_Create: options[", i, "].",
+            option.name == nullptr ? "name" : "value", " is NULL",
+            option.name == nullptr ? ""
+                                   : absl::StrCat(" (", option.name, ")")));
+      }
+      TPUSHIM_RETURN_IF_ERROR(
+          SetOptionOverride(overrides, option.name, option.value));
+    }
+    Os* os = test_os.load(std::memory_order_acquire);
+    TPUSHIM_ASSIGN_OR_RETURN(
+        std::unique_ptr<System> system,
+        SystemFactory::Create(overrides, os != nullptr ? os : Os::Default()));
+    auto entry = std::make_shared<SystemEntry>(std::move(system));
+    TPUSHIM_ASSIGN_OR_RETURN(args->system.id,
+                             tables().systems.Insert(std::move(entry)));
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* SystemDestroy(TpuShim_System_Destroy_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "System_Destroy",
+                       TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE);
+    const uint64_t id = args->system.id;
+    if (id != 0 && id == tls_callback_system) {
+      return absl::FailedPreconditionError(
+          "System_Destroy: called from a callback running on the system's "
+          "own callback thread; a system cannot be destroyed from its own "
+          "callbacks");
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(
+        std::shared_ptr<SystemEntry> entry,
+        tables().systems.Take(id, [](const std::shared_ptr<SystemEntry>&) {
+          return absl::OkStatus();
+        }));
+    {
+      MutexLock lock(&entry->mu);
+      entry->closing = true;
+      while (entry->active > 0) entry->idle.Wait(&entry->mu);
+    }
+    // Host buffers first: their memory is part of the region.
+    for (const auto& host : tables().host_buffers.TakeAll(
+             [id](const std::shared_ptr<HostBufferEntry>& e) {
+               return e->system_id == id;
+             })) {
+      host->buffer.Reset();
+    }
+    (void)tables().device_buffers.TakeAll(
+        [id](const DeviceBufferEntry& e) { return e.system_id == id; });
+    entry->system.reset();
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* SystemGetDeviceCount(TpuShim_System_GetDeviceCount_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "System_GetDeviceCount",
+                       TPUSHIM_SYSTEM_GETDEVICECOUNT_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    args->device_count = call.system().device_count();
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* SystemGetDeviceInfo(TpuShim_System_GetDeviceInfo_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "System_GetDeviceInfo",
+                       TPUSHIM_SYSTEM_GETDEVICEINFO_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    const int count = call.system().device_count();
+    if (args->device < 0 || args->device >= count) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("System_GetDeviceInfo: device ", args->device,
+                       " does not exist (devices 0..", count - 1, ")"));
+    }
+    // The System keeps its descriptions until it is destroyed.
+    const DeviceDescription& d = call.system().device(args->device);
+    args->name = d.name.c_str();
+    args->backend = d.backend.c_str();
+    args->hbm_bytes = d.hbm_bytes;
+    args->dma_engines = d.dma_engines;
+    args->numa_node = d.numa_node.value_or(-1);
+    args->link_gbps = d.link_gbps;
+    args->latency_us = d.latency_us;
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* SystemGetStats(TpuShim_System_GetStats_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "System_GetStats",
+                       TPUSHIM_SYSTEM_GETSTATS_ARGS_STRUCT_SIZE);
+    TpuShim_Stats* out = args->stats;
+    if (out == nullptr) {
+      return absl::InvalidArgumentError("System_GetStats: args->stats is NULL");
+    }
+    if (out->struct_size < TPUSHIM_STATS_STRUCT_SIZE) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "System_GetStats: stats->struct_size is ", out->struct_size,
+          ", smaller than the API 1.0 size ", TPUSHIM_STATS_STRUCT_SIZE,
+          " (TPUSHIM_STATS_STRUCT_SIZE)"));
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    const SystemStats s = call.system().GetStats();
+    const RegionStats& r = s.region;
+    out->region_enabled = r.enabled ? 1 : 0;
+    out->region_locked = r.locked ? 1 : 0;
+    out->region_capacity_bytes = r.capacity_bytes;
+    out->region_threshold_bytes = r.threshold_bytes;
+    out->region_bytes_in_use = r.bytes_in_use;
+    out->region_peak_bytes_in_use = r.peak_bytes_in_use;
+    out->region_free_bytes = r.free_bytes;
+    out->region_largest_free_block = r.largest_free_block;
+    out->region_live_allocations = r.live_allocations;
+    out->region_allocations = r.allocations;
+    out->region_frees = r.frees;
+    out->region_failures = r.failures;
+    const TransferStats& t = s.transfers;
+    static_assert(TPUSHIM_HOST_DIRECTION_COUNT == 2 &&
+                  TPUSHIM_TRANSFER_PATH_COUNT == kTransferPathCount);
+    for (int dir = 0; dir < TPUSHIM_HOST_DIRECTION_COUNT; ++dir) {
+      for (int path = 0; path < TPUSHIM_TRANSFER_PATH_COUNT; ++path) {
+        out->transfers[dir][path] = t.host[dir][path].transfers;
+        out->transfer_bytes[dir][path] = t.host[dir][path].bytes;
+        out->transfer_failures[dir][path] = t.host[dir][path].failed;
+      }
+    }
+    out->device_to_device_transfers = t.device_to_device.transfers;
+    out->device_to_device_bytes = t.device_to_device.bytes;
+    out->device_to_device_failures = t.device_to_device.failed;
+    out->staging_waits = t.staging_waits;
+    out->staging_wait_ns = t.staging_wait_ns;
+    out->staging_bytes_in_flight = t.staging_bytes_in_flight;
+    out->peak_staging_bytes = t.peak_staging_bytes;
+    out->pinned_over_threshold = t.pinned_over_threshold;
+    out->pinned_region_off = t.pinned_region_off;
+    out->pinned_staging_timeout = t.pinned_staging_timeout;
+    out->pinned_bytes_now = t.pinned_bytes_now;
+    out->device_buffers_live = t.device_buffers_live;
+    out->device_bytes_live = t.device_bytes_live;
+    out->events_pending = t.events_pending;
+    out->callbacks_run = t.callbacks_run;
+    return absl::OkStatus();
+  });
+}
+
+// ---- Host buffers -----------------------------------------------------------
+
+TpuShim_Error* HostBufferAllocate(TpuShim_HostBuffer_Allocate_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "HostBuffer_Allocate",
+                       TPUSHIM_HOSTBUFFER_ALLOCATE_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        PinnedHostBuffer buffer,
+        call.system().AllocatePinnedHost(
+            args->size, args->alignment == 0 ? 64 : args->alignment));
+    void* const data = buffer.data();
+    auto entry = std::make_shared<HostBufferEntry>();
+    entry->system_id = call.id();
+    entry->buffer = std::move(buffer);
+    TPUSHIM_ASSIGN_OR_RETURN(const uint64_t id,
+                             tables().host_buffers.Insert(std::move(entry)));
+    args->buffer.id = id;
+    args->data = data;
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* HostBufferFree(TpuShim_HostBuffer_Free_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "HostBuffer_Free",
+                       TPUSHIM_HOSTBUFFER_FREE_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        std::shared_ptr<HostBufferEntry> entry,
+        tables().host_buffers.Take(
+            args->buffer.id, [&](const std::shared_ptr<HostBufferEntry>& e) {
+              return e->system_id == call.id()
+                         ? absl::OkStatus()
+                         : Foreign(Kind::kHostBuffer, args->buffer.id);
+            }));
+    entry->buffer.Reset();  // outside the table's lock
+    return absl::OkStatus();
+  });
+}
+
+// ---- Device buffers ---------------------------------------------------------
+
+TpuShim_Error* DeviceBufferAllocate(TpuShim_DeviceBuffer_Allocate_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "DeviceBuffer_Allocate",
+                       TPUSHIM_DEVICEBUFFER_ALLOCATE_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        DeviceBuffer buffer,
+        call.system().AllocateDevice(args->device, args->size));
+    absl::StatusOr<uint64_t> id =
+        tables().device_buffers.Insert(DeviceBufferEntry{call.id(), buffer});
+    if (!id.ok()) {
+      (void)call.system().Deallocate(buffer);
+      return id.status();
+    }
+    args->buffer.id = *id;
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* DeviceBufferDeallocate(
+    TpuShim_DeviceBuffer_Deallocate_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "DeviceBuffer_Deallocate",
+                       TPUSHIM_DEVICEBUFFER_DEALLOCATE_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(std::vector<Event> wait_for,
+                             GetWaitFor(call, "DeviceBuffer_Deallocate",
+                                        args->wait_for, args->num_wait_for));
+    // Claim the handle (a concurrent second Deallocate finds it stale),
+    // then free. The C++ call cannot fail for a live buffer of a live
+    // system; if it did, the handle is gone all the same.
+    TPUSHIM_ASSIGN_OR_RETURN(
+        DeviceBufferEntry entry,
+        tables().device_buffers.Take(
+            args->buffer.id, [&](const DeviceBufferEntry& e) {
+              return e.system_id == call.id()
+                         ? absl::OkStatus()
+                         : Foreign(Kind::kDeviceBuffer, args->buffer.id);
+            }));
+    TPUSHIM_ASSIGN_OR_RETURN(Event event,
+                             call.system().Deallocate(entry.buffer, wait_for));
+    return AddEvent(call.id(), std::move(event), &args->event);
+  });
+}
+
+// ---- Transfers --------------------------------------------------------------
+
+TpuShim_Error* TransferToDevice(TpuShim_Transfer_ToDevice_Args* args) {
+  return Guard([&]() -> absl::Status {
+    constexpr absl::string_view kFunction = "Transfer_ToDevice";
+    TPUSHIM_CHECK_ARGS(args, kFunction,
+                       TPUSHIM_TRANSFER_TODEVICE_ARGS_STRUCT_SIZE);
+    if (args->src == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFunction, ": args->src is NULL"));
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
+                             ToSemantics(args->semantics, kFunction));
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer dst,
+                             GetDeviceBuffer(call, args->dst));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        std::vector<Event> wait_for,
+        GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
+    TPUSHIM_ASSIGN_OR_RETURN(Event event, call.system().TransferToDevice(
+                                              args->src, dst, args->dst_offset,
+                                              args->size, wait_for, semantics));
+    return AddEvent(call.id(), std::move(event), &args->event);
+  });
+}
+
+TpuShim_Error* TransferFromDevice(TpuShim_Transfer_FromDevice_Args* args) {
+  return Guard([&]() -> absl::Status {
+    constexpr absl::string_view kFunction = "Transfer_FromDevice";
+    TPUSHIM_CHECK_ARGS(args, kFunction,
+                       TPUSHIM_TRANSFER_FROMDEVICE_ARGS_STRUCT_SIZE);
+    if (args->dst == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kFunction, ": args->dst is NULL"));
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
+                             ToSemantics(args->semantics, kFunction));
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer src,
+                             GetDeviceBuffer(call, args->src));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        std::vector<Event> wait_for,
+        GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
+    TPUSHIM_ASSIGN_OR_RETURN(Event event, call.system().TransferFromDevice(
+                                              src, args->src_offset, args->dst,
+                                              args->size, wait_for, semantics));
+    return AddEvent(call.id(), std::move(event), &args->event);
+  });
+}
+
+TpuShim_Error* TransferDeviceToDevice(
+    TpuShim_Transfer_DeviceToDevice_Args* args) {
+  return Guard([&]() -> absl::Status {
+    constexpr absl::string_view kFunction = "Transfer_DeviceToDevice";
+    TPUSHIM_CHECK_ARGS(args, kFunction,
+                       TPUSHIM_TRANSFER_DEVICETODEVICE_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer src,
+                             GetDeviceBuffer(call, args->src));
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer dst,
+                             GetDeviceBuffer(call, args->dst));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        std::vector<Event> wait_for,
+        GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
+    TPUSHIM_ASSIGN_OR_RETURN(Event event,
+                             call.system().TransferDeviceToDevice(
+                                 src, args->src_offset, dst, args->dst_offset,
+                                 args->size, wait_for));
+    return AddEvent(call.id(), std::move(event), &args->event);
+  });
+}
+
+// ---- Events -----------------------------------------------------------------
+
+TpuShim_Error* EventIsReady(TpuShim_Event_IsReady_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "Event_IsReady",
+                       TPUSHIM_EVENT_ISREADY_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(EventEntry entry,
+                             tables().events.Get(args->event.id));
+    args->is_ready = entry.event.IsReady();
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* EventAwait(TpuShim_Event_Await_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "Event_Await",
+                       TPUSHIM_EVENT_AWAIT_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(EventEntry entry,
+                             tables().events.Get(args->event.id));
+    return entry.event.Await();
+  });
+}
+
+TpuShim_Error* EventAwaitWithTimeout(
+    TpuShim_Event_AwaitWithTimeout_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "Event_AwaitWithTimeout",
+                       TPUSHIM_EVENT_AWAITWITHTIMEOUT_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(EventEntry entry,
+                             tables().events.Get(args->event.id));
+    const absl::Duration timeout = args->timeout_ns <= 0
+                                       ? absl::ZeroDuration()
+                                       : absl::Nanoseconds(args->timeout_ns);
+    std::optional<absl::Status> status = entry.event.AwaitWithTimeout(timeout);
+    args->ready = status.has_value();
+    return status.value_or(absl::OkStatus());
+  });
+}
+
+TpuShim_Error* EventAddCallback(TpuShim_Event_AddCallback_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "Event_AddCallback",
+                       TPUSHIM_EVENT_ADDCALLBACK_ARGS_STRUCT_SIZE);
+    if (args->callback == nullptr) {
+      return absl::InvalidArgumentError(
+          "Event_AddCallback: args->callback is NULL");
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(EventEntry entry,
+                             tables().events.Get(args->event.id));
+    const TpuShim_EventCallback callback = args->callback;
+    void* const user_arg = args->user_arg;
+    const uint64_t system_id = entry.system_id;
+    ++tls_adding_callback;
+    struct Done {
+      ~Done() { --tls_adding_callback; }
+    } done;
+    entry.event.AddCallback(
+        [callback, user_arg, system_id](absl::Status status) noexcept {
+          // Inline (the event was ready): the caller's thread, whatever it
+          // is. Otherwise: the system's callback thread.
+          const bool on_callback_thread = tls_adding_callback == 0;
+          const uint64_t saved = tls_callback_system;
+          if (on_callback_thread) tls_callback_system = system_id;
+          callback(ToError(std::move(status)), user_arg);
+          tls_callback_system = saved;
+        });
+    return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* EventDestroy(TpuShim_Event_Destroy_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "Event_Destroy",
+                       TPUSHIM_EVENT_DESTROY_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(
+        EventEntry entry,
+        tables().events.Take(args->event.id, [](const EventEntry&) {
+          return absl::OkStatus();
+        }));
+    return absl::OkStatus();  // `entry` goes here, outside the table's lock
+  });
+}
+
+constexpr TpuShim_Api kApi = {
+    .struct_size = TPUSHIM_API_STRUCT_SIZE,
+    .api_major = TPUSHIM_API_MAJOR,
+    .api_minor = TPUSHIM_API_MINOR,
+    .Error_Destroy = ErrorDestroy,
+    .Error_Code = ErrorCode,
+    .Error_Message = ErrorMessage,
+    .System_Create = SystemCreate,
+    .System_Destroy = SystemDestroy,
+    .System_GetDeviceCount = SystemGetDeviceCount,
+    .System_GetDeviceInfo = SystemGetDeviceInfo,
+    .System_GetStats = SystemGetStats,
+    .HostBuffer_Allocate = HostBufferAllocate,
+    .HostBuffer_Free = HostBufferFree,
+    .DeviceBuffer_Allocate = DeviceBufferAllocate,
+    .DeviceBuffer_Deallocate = DeviceBufferDeallocate,
+    .Transfer_ToDevice = TransferToDevice,
+    .Transfer_FromDevice = TransferFromDevice,
+    .Transfer_DeviceToDevice = TransferDeviceToDevice,
+    .Event_IsReady = EventIsReady,
+    .Event_Await = EventAwait,
+    .Event_AwaitWithTimeout = EventAwaitWithTimeout,
+    .Event_AddCallback = EventAddCallback,
+    .Event_Destroy = EventDestroy,
+};
+
+}  // namespace
+
+namespace capi_internal {
+
+void SetOsForTesting(Os* os) { test_os.store(os, std::memory_order_release); }
+
+}  // namespace capi_internal
+}  // namespace tpushim
+
+extern "C" const TpuShim_Api* TpuShim_GetApi(void) { return &tpushim::kApi; }

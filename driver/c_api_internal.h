@@ -1,0 +1,22 @@
+// Test seam of the C ABI adapter (driver/c_api.cc). Not part of the public
+// API.
+//
+// Thread-safety: SetOsForTesting may be called at any time; systems created
+// before the call keep the Os they were created with.
+
+#ifndef TPUSHIM_DRIVER_C_API_INTERNAL_H_
+#define TPUSHIM_DRIVER_C_API_INTERNAL_H_
+
+#include "env/os.h"
+
+namespace tpushim::capi_internal {
+
+// Systems that System_Create brings up from now on make every OS call
+// (environment included) through `os`, as SystemFactory::Create does;
+// nullptr restores Os::Default(). `os` must outlive those systems. Lets a
+// test run the C API with an empty environment.
+void SetOsForTesting(Os* os);
+
+}  // namespace tpushim::capi_internal
+
+#endif  // TPUSHIM_DRIVER_C_API_INTERNAL_H_
