@@ -755,8 +755,8 @@ constexpr TransferPath kPaths[] = {TransferPath::kZeroCopy,
                                    TransferPath::kPinned};
 
 std::optional<double> Gbps(const PathStats& p) {
-  if (p.busy_ns <= 0 || p.bytes == 0) return std::nullopt;
-  return static_cast<double>(p.bytes) / static_cast<double>(p.busy_ns);
+  if (p.active_ns <= 0 || p.bytes == 0) return std::nullopt;
+  return static_cast<double>(p.bytes) / static_cast<double>(p.active_ns);
 }
 
 Json PathJson(const PathStats& p) {
@@ -765,6 +765,7 @@ Json PathJson(const PathStats& p) {
           {"bytes", p.bytes},
           {"failed", p.failed},
           {"busy_seconds", Seconds(p.busy_ns)},
+          {"active_seconds", Seconds(p.active_ns)},
           {"gbps", gbps.has_value() ? Json(*gbps) : Json(nullptr)}};
 }
 
@@ -885,7 +886,8 @@ void PrintRun(const Summary& s, std::ostream& out) {
     table.Print(out);
   }
 
-  out << "\nTransfers (GB/s: bytes over summed submit-to-ready time)\n";
+  out << "\nTransfers (GB/s: the mean rate of one transfer once started, bytes\n"
+         "over summed start-to-ready time)\n";
   TextTable transfers(
       {"DIRECTION", "PATH", "TRANSFERS", "BYTES", "FAILED", "GB/s"});
   auto add = [&transfers](absl::string_view dir, absl::string_view path,

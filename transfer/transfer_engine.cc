@@ -181,6 +181,7 @@ struct Op {
       HostBufferSemantics::kImmutableUntilTransferCompletes;
   std::shared_ptr<EventState> event;
   int64_t submit_ns = 0;
+  int64_t start_ns = 0;  // 0 until started
   uint64_t staging_chunk = 0;  // staged: bytes per staging buffer
 
   // Dependencies: unresolved wait_for events, plus one held by Submit.
@@ -397,6 +398,7 @@ class Engine {
   struct PathCounters {
     std::atomic<uint64_t> transfers{0}, bytes{0}, failed{0};
     std::atomic<int64_t> busy_ns{0};
+    std::atomic<int64_t> active_ns{0};
   };
   std::array<std::array<PathCounters, kTransferPathCount>, 2> host_stats_;
   PathCounters d2d_stats_;
@@ -858,6 +860,7 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
   }
   QueueOf(o.device, o.direction)
       .in_flight.fetch_add(1, std::memory_order_relaxed);
+  o.start_ns = os_->MonotonicNanos();
 
   if (o.kind == OpKind::kDeviceToDevice || o.path != TransferPath::kStaged) {
     o.self = op;
@@ -1417,8 +1420,11 @@ void Engine::CompleteOp(Op& op) {
   } else {
     stats.failed.fetch_add(1, std::memory_order_relaxed);
   }
-  stats.busy_ns.fetch_add(os_->MonotonicNanos() - op.submit_ns,
-                          std::memory_order_relaxed);
+  const int64_t now = os_->MonotonicNanos();
+  stats.busy_ns.fetch_add(now - op.submit_ns, std::memory_order_relaxed);
+  if (op.start_ns != 0) {
+    stats.active_ns.fetch_add(now - op.start_ns, std::memory_order_relaxed);
+  }
   // Not ready for stats from here on (see events_not_ready_).
   events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
   op.event->Resolve(status);
@@ -1541,6 +1547,7 @@ TransferEngine::Stats Engine::GetStats() const {
     out.bytes = c.bytes.load(std::memory_order_relaxed);
     out.failed = c.failed.load(std::memory_order_relaxed);
     out.busy_ns = c.busy_ns.load(std::memory_order_relaxed);
+    out.active_ns = c.active_ns.load(std::memory_order_relaxed);
   };
   for (int d = 0; d < 2; ++d) {
     for (int p = 0; p < kTransferPathCount; ++p) {

@@ -19,6 +19,11 @@ struct PathStats {
   uint64_t bytes = 0;          // of successful transfers
   uint64_t failed = 0;
   int64_t busy_ns = 0;         // summed submit-to-ready time
+  // Summed start-to-ready time: without the wait for `wait_for` and for
+  // earlier operations of the queue. bytes / active_ns is the mean rate of
+  // one transfer once it runs (concurrent transfers each count their own
+  // time, so it is not the aggregate rate).
+  int64_t active_ns = 0;
 };
 struct QueueStats {
   int device = 0;
