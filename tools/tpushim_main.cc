@@ -6,9 +6,11 @@
 
 #include "CLI/CLI.hpp"
 #include "env/os.h"
+#include "tools/bench.h"
 #include "tools/command.h"
 #include "tools/demo.h"
 #include "tools/info.h"
+#include "tools/stress.h"
 
 namespace tpushim::tools {
 namespace {
@@ -31,6 +33,8 @@ int Main(int argc, char** argv) {
   CommandContext context{Os::Default(), &std::cout, &std::cerr};
   RegisterInfoCommand(app, context);
   RegisterDemoCommand(app, context);
+  RegisterBenchCommand(app, context);
+  RegisterStressCommand(app, context);
 
   if (argc <= 1) {
     std::cerr << app.help();

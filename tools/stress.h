@@ -1,0 +1,100 @@
+// `tpushim stress`: a randomized, seeded, multi-threaded mix of every
+// runtime operation — pinned host buffers and device buffers allocated and
+// freed, transfers on all three paths (zero-copy, staged, pinned) in all
+// directions with `wait_for` dependencies, deallocations with `wait_for`,
+// awaits, timed awaits and callbacks — optionally under injected faults
+// (--faults, the TPUSHIM_FAULTS grammar), with invariants checked as it
+// runs and at the end:
+//
+//  * every byte that arrives is the byte that was sent: each device buffer
+//    region written from the host remembers the XXH3 hash of what was sent
+//    (computed at submission); reading it back, directly or after
+//    device→device copies, must give the same hash;
+//  * every failure is a clean status of an expected code:
+//      allocations                 RESOURCE_EXHAUSTED
+//      transfers, deallocations    RESOURCE_EXHAUSTED, CANCELLED; with
+//                                  --faults also INTERNAL, UNAVAILABLE, any
+//                                  code= a rule names, and any status
+//                                  carrying an "[injected: ...]" marker
+//    (a dependant of a failed operation carries the same status);
+//  * nothing hangs: every event is awaited with a 30 s bound;
+//  * callbacks run exactly once, with the event's status;
+//  * after every buffer is freed, SystemStats reconcile to zero (region
+//    bytes and live allocations, pending events, every queue's pending and
+//    in-flight operations and submitted = completed + failed + cancelled,
+//    pinned bytes, device buffers and HBM in use), and once the system is
+//    destroyed nothing it mapped, locked or pinned is left (tracked through
+//    a FaultInjectingOs under the system).
+//
+// A start-up failure under --faults is an expected, clean failure (exit 0)
+// when its status carries the injected marker and start-up left nothing
+// mapped, locked or pinned; otherwise it is a violation.
+//
+// Reproducibility: worker t draws its operations from
+// std::mt19937_64 seeded with (seed, t), a fixed number of draws per
+// operation, so the sequence of operation kinds of every worker depends
+// only on --seed (with --ops, worker t runs ops/threads operations, the
+// first ops % threads workers one more). What each operation meets (a full
+// region, an injected fault) may vary with timing when threads > 1.
+//
+// Thread-safety: single-threaded entry point (it starts and joins its own
+// threads).
+
+#ifndef TPUSHIM_TOOLS_STRESS_H_
+#define TPUSHIM_TOOLS_STRESS_H_
+
+#include "CLI/CLI.hpp"
+#include "tools/command.h"
+
+namespace tpushim::tools {
+
+// Adds the `stress` subcommand to `app`. `context` must outlive the parse
+// of `app`. Options:
+//   --ops N            operations to run in total (default 10000)
+//   --seconds S        run for S seconds instead (excludes --ops)
+//   --threads N        worker threads (default 4, 1..256)
+//   --seed N           seed (default: derived from the clock; printed)
+//   --faults SPEC      faults to inject (TPUSHIM_FAULTS grammar; wins over
+//                      TPUSHIM_FAULTS)
+//   --region-bytes B   premapped region (default: TPU_PREMAPPED_BUFFER_SIZE,
+//                      else 64M)
+//   --threshold B      transfer threshold (default: the variable, else 4M
+//                      when the region is the stress default)
+//   --json / --csv     machine-readable output instead of tables
+//   --no-progress      no progress bar (there is none when stderr is not a
+//                      terminal anyway)
+// When TPUSHIM_DEVICE is unset the devices are sim://?devices=2&hbm=256M.
+//
+// Exit status: kExitOk when no invariant was violated (expected failures
+// included, a cleanly failed start-up under --faults too); kExitFailure on
+// any violation (the seed and the smallest reproduction command are
+// printed); kExitUsage for a bad command line or invalid configuration.
+//
+// The --json object (ordered):
+//   {"seed", "ops", "threads", "seconds", "ops_per_second", "faults",
+//    "device", "region_bytes", "threshold_bytes",
+//    "startup": {"ok", "code", "message"},
+//    "by_op": {"<op>": {"count", "codes": {"<CODE>": n}}},
+//    "by_code": {"<CODE>": n},
+//    "bytes_verified", "transfers_verified", "callbacks": {"added", "run"},
+//    "paths": {"h2d"|"d2h": {"zero_copy", "staged", "pinned"}, "d2d"},
+//    "teardown": {"checked", "failures": [...]},
+//    "violations": [{"thread", "op_index", "op", "message"}],
+//    "reproduce"}
+// <op> is one of alloc_pinned, free_pinned, alloc_device, free_device,
+// h2d, d2h, d2d, chain, await; an operation's code is the status of its
+// call, or of its event once ready (for a chain, the final d2h's), or
+// SKIPPED when it did not apply (nothing to free, a cap reached), or
+// NOT_READY for a timed await that timed out. "by_code" counts every
+// status the runtime returned or an event carried, once each.
+// "reproduce" is a command line that reruns the run, or, after a
+// violation, the shortest prefix of it that reaches the first violation.
+//
+// --csv writes `section,name,code,count` rows: section "by_op" (name = the
+// op, code = a code or "count" for the total) and "by_code" (name empty),
+// then "summary" rows (name = ops, violations, bytes_verified, ...).
+void RegisterStressCommand(CLI::App& app, CommandContext& context);
+
+}  // namespace tpushim::tools
+
+#endif  // TPUSHIM_TOOLS_STRESS_H_
