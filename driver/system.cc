@@ -101,11 +101,18 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   TPUSHIM_ASSIGN_OR_RETURN(impl->options, ResolveOptions(*base_os, overrides));
   const Options& options = impl->options;
 
-  // Logging is process-wide: set it up unless someone already has.
+  // Logging is process-wide: set it up unless someone already has. It
+  // keeps its Os for the life of the process, so `log_open` faults of
+  // TPUSHIM_FAULTS go through an injector and Os of its own that are never
+  // freed (once per process).
   if (!logging::LoggingInitialized()) {
-    TPUSHIM_RETURN_IF_ERROR(
-        logging::InitLogging(logging::LogConfig::FromOptions(options),
-                             base_os));
+    Os* log_os = base_os;
+    if (!options.faults.value.empty()) {
+      auto* log_faults = new FaultInjector(options.faults.value);
+      log_os = new FaultInjectingOs(base_os, log_faults);
+    }
+    TPUSHIM_RETURN_IF_ERROR(logging::InitLogging(
+        logging::LogConfig::FromOptions(options), log_os));
   } else if (options.log_dir.source != OptionSource::kDefault ||
              options.min_log_level.source != OptionSource::kDefault ||
              options.stderr_log_level.source != OptionSource::kDefault) {

@@ -14,6 +14,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/scoped_test_logging.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim {
 namespace {
@@ -208,6 +209,26 @@ TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
                                              {*pending});
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_TRUE(accepted->Await().ok());
+}
+
+TEST(SystemTest, LogOpenFaultsReachTheLogFiles) {
+  // TPUSHIM_FAULTS=log_open:... must fail log file creation like EACCES
+  // would: logging falls back (a WARNING on stderr), the system starts.
+  logging::ShutdownLogging();
+  testutil::TempDir dir;
+  EmptyEnvOs os(Os::Default());
+  OptionOverrides o = Small();
+  o.faults = "log_open:every=1";
+  o.log_dir = dir.path();
+  o.stderr_log_level = 3;
+  auto system = SystemFactory::Create(o, &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  LOG(INFO) << "a line for the INFO file";
+  EXPECT_TRUE(logging::FlushLogs());
+  EXPECT_GT(logging::FileWriteErrorCount(), 0u);
+  EXPECT_EQ(testutil::ReadFileOrEmpty(dir.Join("tpu_driver.INFO")), "");
+  system->reset();
+  logging::ShutdownLogging();
 }
 
 TEST(SystemTest, MalformedSettingIsInvalidArgumentNamingIt) {
