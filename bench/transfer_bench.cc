@@ -67,18 +67,9 @@ void Die(const absl::Status& s, const char* what) {
   exit(2);
 }
 
-// The real OS with no environment: the bench sets what it measures.
-class EmptyEnvOs : public OsWrapper {
- public:
-  EmptyEnvOs() : OsWrapper(Os::Default()) {}
-  std::optional<std::string> GetEnv(const std::string&) override {
-    return std::nullopt;
-  }
-};
-
 // A region (or none), devices from a URL and an engine over them.
 struct Rig {
-  EmptyEnvOs os;
+  FixedEnvironmentOs os{Os::Default()};
   std::unique_ptr<PremappedRegion> region;
   std::vector<std::unique_ptr<Device>> devices;
   std::unique_ptr<TransferEngine> engine;

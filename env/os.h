@@ -27,8 +27,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -272,6 +274,25 @@ class OsWrapper : public Os {
 
  private:
   Os* const target_;
+};
+
+// Forwards every call to `target` except GetEnv, which answers from `env`
+// alone (empty: no variable is set): for tools and tests whose outcome
+// must not depend on the environment of whoever runs them.
+class FixedEnvironmentOs : public OsWrapper {
+ public:
+  explicit FixedEnvironmentOs(Os* target,
+                              std::map<std::string, std::string> env = {})
+      : OsWrapper(target), env_(std::move(env)) {}
+
+  std::optional<std::string> GetEnv(const std::string& name) override {
+    const auto it = env_.find(name);
+    if (it == env_.end()) return std::nullopt;
+    return it->second;
+  }
+
+ private:
+  const std::map<std::string, std::string> env_;
 };
 
 }  // namespace tpushim

@@ -35,6 +35,7 @@
 #include "env/options.h"
 #include "logging/log.h"
 #include "nlohmann/json.hpp"
+#include "tools/pseudo_random.h"
 #include "tools/text_table.h"
 #include "tpushim/stats.h"
 #include "tpushim/system.h"
@@ -126,28 +127,6 @@ std::string WithDeviceCount(absl::string_view url, int devices) {
 }
 
 // ---- Data ------------------------------------------------------------------
-
-// Fills `n` bytes with a pseudo-random sequence determined by `seed`
-// (splitmix64 of a counter: cheap, and no two batches or offsets alike).
-void FillPseudoRandom(uint8_t* p, uint64_t n, uint64_t seed) {
-  uint64_t x = seed * 0x9E3779B97F4A7C15ull;
-  auto next = [&x] {
-    x += 0x9E3779B97F4A7C15ull;
-    uint64_t z = x;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-  };
-  const uint64_t words = n / 8;
-  for (uint64_t i = 0; i < words; ++i) {
-    const uint64_t z = next();
-    std::memcpy(p + i * 8, &z, 8);
-  }
-  if (n % 8 != 0) {
-    const uint64_t z = next();
-    std::memcpy(p + words * 8, &z, n % 8);
-  }
-}
 
 // The XXH3 hash of `p[0, n)` rotated left by `r` bytes (p[r..n) p[0..r)),
 // without building it.

@@ -322,6 +322,12 @@ class Engine {
   bool StartOp(const std::shared_ptr<Op>& op, bool may_block);
   bool InlineStartable(const Op& op) const;
   void StartDescriptors(Op& op, HostWindowId window, uint64_t host_base);
+  // The first staging buffer of a staged transfer, waiting up to
+  // Config::staging_wait when `may_block`. kWouldBlock: none now and
+  // `may_block` is false (nothing done). kHandled: none in time, so the
+  // operation went pinned, or was cancelled by shutdown.
+  enum class FirstStaging { kAcquired, kWouldBlock, kHandled };
+  FirstStaging AcquireFirstStaging(Op& op, bool may_block, char** first);
   bool StartStagedToDevice(Op& op, bool may_block);
   bool StartStagedFromDevice(Op& op, bool may_block);
   void StartPinned(Op& op, int reason);
@@ -1037,29 +1043,39 @@ void Engine::ReleaseStaging(char* p, uint64_t bytes) {
   if (wake) staging_cv_.SignalAll();
 }
 
-bool Engine::StartStagedToDevice(Op& op, bool may_block) {
-  const uint64_t step = op.staging_chunk;
-  const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
+Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
+                                                 char** first) {
   const int64_t deadline =
       may_block ? os_->MonotonicNanos() +
                       absl::ToInt64Nanoseconds(config_.staging_wait)
                 : 0;
   bool waited = false;
+  *first = AcquireStaging(op.staging_chunk, deadline, &waited);
+  if (*first != nullptr) return FirstStaging::kAcquired;
+  if (!may_block) return FirstStaging::kWouldBlock;
+  if (closing_.load(std::memory_order_acquire)) {
+    op.RecordError(absl::CancelledError(
+        "the transfer engine shut down before the transfer started"));
+    ChunkDone(op);  // the starter's hold: the operation completes
+    return FirstStaging::kHandled;
+  }
+  pinned_reasons_[2].fetch_add(1, std::memory_order_relaxed);
+  StartPinned(op, 2);
+  return FirstStaging::kHandled;
+}
+
+bool Engine::StartStagedToDevice(Op& op, bool may_block) {
+  const uint64_t step = op.staging_chunk;
+  const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
   char* first = nullptr;
   if (n > 0) {
-    first = AcquireStaging(step, deadline, &waited);
-    if (first == nullptr) {
-      if (!may_block) return false;
-      if (closing_.load(std::memory_order_acquire)) {
-        op.RecordError(absl::CancelledError(
-            "the transfer engine shut down before the transfer started"));
-        op.host_released.Notify();
-        ChunkDone(op);
+    switch (AcquireFirstStaging(op, may_block, &first)) {
+      case FirstStaging::kAcquired:
+        break;
+      case FirstStaging::kWouldBlock:
+        return false;
+      case FirstStaging::kHandled:
         return true;
-      }
-      pinned_reasons_[2].fetch_add(1, std::memory_order_relaxed);
-      StartPinned(op, 2);
-      return true;
     }
   }
   op.chunks.resize(n);
@@ -1139,25 +1155,16 @@ bool Engine::StartStagedToDevice(Op& op, bool may_block) {
 bool Engine::StartStagedFromDevice(Op& op, bool may_block) {
   const uint64_t step = op.staging_chunk;
   const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
-  const int64_t deadline =
-      may_block ? os_->MonotonicNanos() +
-                      absl::ToInt64Nanoseconds(config_.staging_wait)
-                : 0;
   std::vector<char*> bufs;
   if (n > 0) {
-    bool waited = false;
-    char* first = AcquireStaging(step, deadline, &waited);
-    if (first == nullptr) {
-      if (!may_block) return false;
-      if (closing_.load(std::memory_order_acquire)) {
-        op.RecordError(absl::CancelledError(
-            "the transfer engine shut down before the transfer started"));
-        ChunkDone(op);
+    char* first = nullptr;
+    switch (AcquireFirstStaging(op, may_block, &first)) {
+      case FirstStaging::kAcquired:
+        break;
+      case FirstStaging::kWouldBlock:
+        return false;
+      case FirstStaging::kHandled:
         return true;
-      }
-      pinned_reasons_[2].fetch_add(1, std::memory_order_relaxed);
-      StartPinned(op, 2);
-      return true;
     }
     bufs.push_back(first);
     while (bufs.size() < std::min<uint64_t>(n, config_.staging_depth)) {

@@ -24,16 +24,6 @@ using testutil::ScopedTestLogging;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// The real OS with no environment variables: tests set what they need
-// through the overrides.
-class EmptyEnvOs : public OsWrapper {
- public:
-  explicit EmptyEnvOs(Os* target) : OsWrapper(target) {}
-  std::optional<std::string> GetEnv(const std::string&) override {
-    return std::nullopt;
-  }
-};
-
 OptionOverrides Small(uint64_t region = 8 * kMiB,
                       std::string device = "sim://?devices=2&hbm=32M") {
   OptionOverrides o;
@@ -57,7 +47,7 @@ void ExpectInOrder(const std::string& text,
 
 TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   auto system = SystemFactory::Create(Small(), &os);
   ASSERT_TRUE(system.ok()) << system.status();
   const std::string info = logs.File("INFO");
@@ -91,7 +81,7 @@ TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
 
 TEST(SystemTest, RoundTripThroughPinnedHostAndPageableMemory) {
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   auto system = SystemFactory::Create(Small(), &os);
   ASSERT_TRUE(system.ok()) << system.status();
   System& s = **system;
@@ -134,7 +124,7 @@ TEST(SystemTest, RoundTripThroughPinnedHostAndPageableMemory) {
 
 TEST(SystemTest, PinnedHostAllocationFailsWithLibtpuText) {
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   auto system = SystemFactory::Create(Small(8 * kMiB), &os);
   ASSERT_TRUE(system.ok()) << system.status();
   auto held = (*system)->AllocatePinnedHost(2 * kMiB - 460 * 1024);
@@ -152,7 +142,7 @@ TEST(SystemTest, PinnedHostAllocationFailsWithLibtpuText) {
 
 TEST(SystemTest, PinnedHostWithRegionOffIsFailedPrecondition) {
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   auto system = SystemFactory::Create(Small(0), &os);
   ASSERT_TRUE(system.ok()) << system.status();
   EXPECT_EQ((*system)->AllocatePinnedHost(4096).status().code(),
@@ -163,7 +153,7 @@ TEST(SystemTest, PinnedHostWithRegionOffIsFailedPrecondition) {
 
 TEST(SystemTest, TwoSystemsLiveSideBySide) {
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   auto one = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
   auto two = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
   ASSERT_TRUE(one.ok() && two.ok());
@@ -184,7 +174,7 @@ TEST(SystemTest, TwoSystemsLiveSideBySide) {
 TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
   // Its continuation would call into this system after it may be gone.
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   auto slow = SystemFactory::Create(
       Small(4 * kMiB, "sim://?hbm=16M&latency_us=200000"), &os);
   auto other = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
@@ -216,7 +206,7 @@ TEST(SystemTest, LogOpenFaultsReachTheLogFiles) {
   // would: logging falls back (a WARNING on stderr), the system starts.
   logging::ShutdownLogging();
   testutil::TempDir dir;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   OptionOverrides o = Small();
   o.faults = "log_open:every=1";
   o.log_dir = dir.path();
@@ -233,7 +223,7 @@ TEST(SystemTest, LogOpenFaultsReachTheLogFiles) {
 
 TEST(SystemTest, MalformedSettingIsInvalidArgumentNamingIt) {
   ScopedTestLogging logs;
-  EmptyEnvOs os(Os::Default());
+  FixedEnvironmentOs os(Os::Default());
   OptionOverrides o = Small();
   o.device = "sim://?devices=0";
   auto system = SystemFactory::Create(o, &os);
@@ -247,7 +237,7 @@ TEST(SystemTest, EveryStartupFailureUnwindsCompletely) {
   // alloc, dma, pin, log_open): every run is a clean error or a clean
   // start, and nothing stays mapped, locked, pinned or open afterwards.
   ScopedTestLogging logs;
-  EmptyEnvOs env(Os::Default());
+  FixedEnvironmentOs env(Os::Default());
   FaultInjector injector;
   FaultInjectingOs os(&env, &injector);
   uint64_t failures = 0;

@@ -25,25 +25,9 @@ using ::testing::SizeIs;
 
 constexpr uint64_t k4G = uint64_t{4} << 30;
 
-// The real OS, except that the environment is a map.
-class FakeEnvOs : public OsWrapper {
- public:
-  explicit FakeEnvOs(std::map<std::string, std::string> env)
-      : OsWrapper(Os::Default()), env_(std::move(env)) {}
-
-  std::optional<std::string> GetEnv(const std::string& name) override {
-    const auto it = env_.find(name);
-    if (it == env_.end()) return std::nullopt;
-    return it->second;
-  }
-
- private:
-  const std::map<std::string, std::string> env_;
-};
-
 absl::StatusOr<Options> Resolve(std::map<std::string, std::string> env,
                                 const OptionOverrides& api = {}) {
-  FakeEnvOs os(std::move(env));
+  FixedEnvironmentOs os(Os::Default(), std::move(env));
   return ResolveOptions(os, api);
 }
 

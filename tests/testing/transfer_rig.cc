@@ -8,23 +8,11 @@
 #include "env/options.h"
 
 namespace tpushim::testutil {
-namespace {
-
-// The real OS, but with no environment variables at all.
-class EmptyEnvOs : public OsWrapper {
- public:
-  explicit EmptyEnvOs(Os* target) : OsWrapper(target) {}
-  std::optional<std::string> GetEnv(const std::string&) override {
-    return std::nullopt;
-  }
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
     Params params) {
   std::unique_ptr<TransferRig> rig(new TransferRig());
-  rig->env_os_ = std::make_unique<EmptyEnvOs>(Os::Default());
+  rig->env_os_ = std::make_unique<FixedEnvironmentOs>(Os::Default());
   OptionOverrides api;
   api.premapped_buffer_size = params.region_bytes;
   if (params.threshold != 0) {
