@@ -6,6 +6,7 @@
 #include <map>
 #include <string>
 #include <system_error>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -246,6 +247,28 @@ absl::StatusOr<DeviceUrl> ParseDeviceUrl(absl::string_view url) {
     TPUSHIM_RETURN_IF_ERROR(known->set(parameter.substr(equals + 1), result));
   }
   return result;
+}
+
+std::string WithUrlParameter(absl::string_view url, absl::string_view name,
+                             absl::string_view value) {
+  const size_t q = url.find('?');
+  const std::string assignment = absl::StrCat(name, "=", value);
+  std::vector<std::string> params;
+  bool replaced = false;
+  if (q != absl::string_view::npos) {
+    for (absl::string_view p :
+         absl::StrSplit(url.substr(q + 1), '&', absl::SkipEmpty())) {
+      const size_t eq = p.find('=');
+      if (p.substr(0, eq) == name) {
+        if (!replaced) params.push_back(assignment);
+        replaced = true;
+      } else {
+        params.emplace_back(p);
+      }
+    }
+  }
+  if (!replaced) params.push_back(assignment);
+  return absl::StrCat(url.substr(0, q), "?", absl::StrJoin(params, "&"));
 }
 
 }  // namespace tpushim

@@ -55,6 +55,13 @@ struct DeviceUrl {
 
 absl::StatusOr<DeviceUrl> ParseDeviceUrl(absl::string_view url);
 
+// `url` with its query parameter `name` set to `value`: replaced in place
+// when present, else appended (after "?" or "&"); the other parameters
+// keep their order. `url` should be valid; the result is not re-validated.
+//   WithUrlParameter("sim://?hbm=8G", "devices", "2") == "sim://?hbm=8G&devices=2"
+std::string WithUrlParameter(absl::string_view url, absl::string_view name,
+                             absl::string_view value);
+
 // Parses a byte count written as decimal bytes or with a K/M/G/T suffix
 // (1024 base, upper case, optionally followed by "iB": "16G", "16GiB",
 // "512M", "4096"). INVALID_ARGUMENT on anything else or on overflow.

@@ -31,6 +31,7 @@
 #include "env/options.h"
 #include "logging/log.h"
 #include "nlohmann/json.hpp"
+#include "tools/progress.h"
 #include "tools/text_table.h"
 #include "tpushim/system.h"
 #include "tpushim/transfer.h"
@@ -112,17 +113,6 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// "4K", "256M", "1G", or bytes when not a whole number of KiB.
-std::string SizeName(uint64_t bytes) {
-  constexpr const char* kUnits[] = {"", "K", "M", "G", "T"};
-  int unit = 0;
-  while (unit < 4 && bytes >= 1024 && bytes % 1024 == 0) {
-    bytes /= 1024;
-    ++unit;
-  }
-  return absl::StrCat(bytes, kUnits[unit]);
-}
-
 // ---- Flags -------------------------------------------------------------------
 
 struct BenchFlags {
@@ -191,17 +181,6 @@ absl::StatusOr<std::vector<TransferPath>> ParsePaths(absl::string_view text) {
   return ParseNames(text, "--paths", kPaths, &TransferPathName);
 }
 
-// A CLI11 validator running `parse`.
-template <typename F>
-CLI::Validator ParsingValidator(F parse, const std::string& what) {
-  return CLI::Validator(
-      [parse](const std::string& text) -> std::string {
-        auto parsed = parse(text);
-        return parsed.ok() ? "" : std::string(parsed.status().message());
-      },
-      what, what);
-}
-
 // ---- Results -----------------------------------------------------------------
 
 struct Cell {
@@ -259,40 +238,6 @@ double Percentile(const std::vector<double>& sorted, double p) {
       std::ceil(p * static_cast<double>(sorted.size())));
   return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
 }
-
-// ---- Progress ------------------------------------------------------------------
-
-// "[=====>      ] 7/25 h2d staged 1M" on stderr, redrawn in place; only
-// when stderr is a terminal.
-class Progress {
- public:
-  Progress(std::ostream& err, int total)
-      : err_(err), total_(total), enabled_(::isatty(STDERR_FILENO) == 1) {}
-  ~Progress() { Clear(); }
-
-  void Show(int done, absl::string_view what) {
-    if (!enabled_) return;
-    constexpr int kWidth = 30;
-    const int filled = total_ > 0 ? done * kWidth / total_ : kWidth;
-    std::string bar(kWidth, ' ');
-    for (int i = 0; i < filled; ++i) bar[i] = '=';
-    if (filled < kWidth) bar[filled] = '>';
-    err_ << "\r\033[K" << "bench [" << bar << "] " << done << "/" << total_
-         << " " << what << std::flush;
-    shown_ = true;
-  }
-  void Clear() {
-    if (!enabled_ || !shown_) return;
-    err_ << "\r\033[K" << std::flush;
-    shown_ = false;
-  }
-
- private:
-  std::ostream& err_;
-  const int total_;
-  const bool enabled_;
-  bool shown_ = false;
-};
 
 // ---- Measuring -----------------------------------------------------------------
 
@@ -410,7 +355,7 @@ class Bench {
         const std::vector<uint64_t>& sizes,
         const std::vector<DmaDirection>& directions,
         const std::vector<TransferPath>& paths, Results& results,
-        Progress& progress)
+        ProgressBar& progress)
       : system_(system),
         device_(device),
         seconds_(seconds),
@@ -603,7 +548,7 @@ class Bench {
   const std::vector<DmaDirection>& directions_;
   const std::vector<TransferPath>& paths_;
   Results& results_;
-  Progress& progress_;
+  ProgressBar& progress_;
   int done_ = 0;
 };
 
@@ -783,7 +728,7 @@ void RunBench(const BenchFlags& flags, CommandContext& context) {
   const int total = Bench::CellsPerSize(directions, paths) *
                         static_cast<int>(sizes.size()) +
                     2;  // the two memcpy phases
-  Progress progress(*context.err, total);
+  ProgressBar progress(*context.err, "bench", total);
   auto fail = [&](const absl::Status& status, absl::string_view what) {
     progress.Clear();
     LOG(ERROR) << "tpushim bench: " << what << ": " << status;

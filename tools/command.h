@@ -20,7 +20,9 @@
 #define TPUSHIM_TOOLS_COMMAND_H_
 
 #include <ostream>
+#include <string>
 
+#include "CLI/CLI.hpp"
 #include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "env/os.h"
@@ -57,6 +59,19 @@ void WriteJson(const nlohmann::ordered_json& value, std::ostream& out);
 // REQUIRES: !status.ok().
 void ReportError(const absl::Status& status, absl::string_view what, bool json,
                  int exit_code, CommandContext& context);
+
+// A CLI11 validator that runs `parse` (text -> absl::StatusOr<T>) on the
+// option's text and rejects it with the status message. `what` names the
+// option's type in --help ("SIZES").
+template <typename F>
+CLI::Validator ParsingValidator(F parse, const std::string& what) {
+  return CLI::Validator(
+      [parse](const std::string& text) -> std::string {
+        auto parsed = parse(text);
+        return parsed.ok() ? "" : std::string(parsed.status().message());
+      },
+      what, what);
+}
 
 }  // namespace tpushim::tools
 

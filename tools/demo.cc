@@ -102,30 +102,6 @@ int64_t NowNs() {
 
 double Seconds(int64_t ns) { return static_cast<double>(ns) * 1e-9; }
 
-// ---- Device URL ------------------------------------------------------------
-
-// `url` (a valid device URL) with its devices= parameter set to `devices`;
-// the other parameters are kept, in order.
-std::string WithDeviceCount(absl::string_view url, int devices) {
-  const size_t q = url.find('?');
-  std::vector<std::string> params;
-  bool replaced = false;
-  if (q != absl::string_view::npos) {
-    for (absl::string_view p : absl::StrSplit(url.substr(q + 1), '&')) {
-      if (absl::StartsWith(p, "devices=")) {
-        params.push_back(absl::StrCat("devices=", devices));
-        replaced = true;
-      } else {
-        params.emplace_back(p);
-      }
-    }
-  }
-  if (!replaced) {
-    params.insert(params.begin(), absl::StrCat("devices=", devices));
-  }
-  return absl::StrCat(url.substr(0, q), "?", absl::StrJoin(params, "&"));
-}
-
 // ---- Data ------------------------------------------------------------------
 
 // The XXH3 hash of `p[0, n)` rotated left by `r` bytes (p[r..n) p[0..r)),
@@ -1020,7 +996,7 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
     overrides.device = url;
   } else if (flags.devices_given) {
     config.devices = flags.devices;
-    url = WithDeviceCount(url, config.devices);
+    url = WithUrlParameter(url, "devices", absl::StrCat(config.devices));
     overrides.device = url;
   }
   config.shard_bytes = config.batch_bytes / config.devices;

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+
 namespace tpushim::tools {
 
 TextTable::TextTable(std::vector<std::string> header) {
@@ -34,6 +36,16 @@ void TextTable::Print(std::ostream& out, int indent) const {
     line.erase(line.find_last_not_of(' ') + 1);
     out << line << "\n";
   }
+}
+
+std::string SizeName(uint64_t bytes) {
+  constexpr const char* kUnits[] = {"", "K", "M", "G", "T"};
+  int unit = 0;
+  while (unit < 4 && bytes >= 1024 && bytes % 1024 == 0) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return absl::StrCat(bytes, kUnits[unit]);
 }
 
 }  // namespace tpushim::tools

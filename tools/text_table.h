@@ -16,6 +16,7 @@
 #ifndef TPUSHIM_TOOLS_TEXT_TABLE_H_
 #define TPUSHIM_TOOLS_TEXT_TABLE_H_
 
+#include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -37,6 +38,11 @@ class TextTable {
  private:
   std::vector<std::vector<std::string>> rows_;
 };
+
+// `bytes` exactly, in the largest binary unit that divides it: "4K",
+// "256M", "1G", "1536K", or plain bytes ("1000") when not a whole number of
+// KiB. The inverse of ParseByteSize for table cells and progress lines.
+std::string SizeName(uint64_t bytes);
 
 }  // namespace tpushim::tools
 

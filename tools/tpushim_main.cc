@@ -11,6 +11,7 @@
 #include "tools/demo.h"
 #include "tools/info.h"
 #include "tools/stress.h"
+#include "tools/tune.h"
 
 namespace tpushim::tools {
 namespace {
@@ -34,6 +35,7 @@ int Main(int argc, char** argv) {
   RegisterInfoCommand(app, context);
   RegisterDemoCommand(app, context);
   RegisterBenchCommand(app, context);
+  RegisterTuneCommand(app, context);
   RegisterStressCommand(app, context);
 
   if (argc <= 1) {

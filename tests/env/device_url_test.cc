@@ -223,5 +223,22 @@ TEST(InvalidValueErrorTest, QuotesTheValue) {
   EXPECT_EQ(status.message(), "X=\" 1\" is bad");
 }
 
+TEST(WithUrlParameterTest, ReplacesInPlaceOrAppends) {
+  EXPECT_EQ(WithUrlParameter("sim://", "devices", "2"), "sim://?devices=2");
+  EXPECT_EQ(WithUrlParameter("sim://?hbm=8G", "devices", "2"),
+            "sim://?hbm=8G&devices=2");
+  EXPECT_EQ(WithUrlParameter("sim://?devices=4&hbm=8G", "devices", "2"),
+            "sim://?devices=2&hbm=8G");
+  // A parameter whose name only starts with `name` is another parameter.
+  EXPECT_EQ(WithUrlParameter("sim://?link_gbps=25", "link", "1"),
+            "sim://?link_gbps=25&link=1");
+  // The result parses to what was set.
+  absl::StatusOr<DeviceUrl> url = ParseDeviceUrl(
+      WithUrlParameter("sim://?latency_us=2", "link_gbps", "12.5"));
+  ASSERT_TRUE(url.ok()) << url.status();
+  EXPECT_EQ(url->link_gbps, 12.5);
+  EXPECT_EQ(url->latency_us, 2.0);
+}
+
 }  // namespace
 }  // namespace tpushim

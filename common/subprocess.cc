@@ -1,10 +1,11 @@
-#include "tests/testing/subprocess.h"
+#include "common/subprocess.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -16,8 +17,10 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 
-namespace tpushim::testutil {
+namespace tpushim {
 namespace {
 
 // Closes the descriptors it holds when it goes out of scope.
@@ -77,8 +80,8 @@ std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
   return array;
 }
 
-absl::Status WaitForChild(pid_t pid, int* wait_status) {
-  while (waitpid(pid, wait_status, 0) < 0) {
+absl::Status WaitForChild(pid_t pid, int* wait_status, rusage* usage) {
+  while (wait4(pid, wait_status, 0, usage) < 0) {
     if (errno != EINTR) return absl::ErrnoToStatus(errno, "waitpid");
   }
   return absl::OkStatus();
@@ -129,6 +132,7 @@ absl::StatusOr<bool> DrainUntil(int out_fd, int err_fd,
 absl::StatusOr<SubprocessResult> RunSubprocess(
     const std::string& path, const std::vector<std::string>& args,
     const std::vector<std::string>& env, absl::Duration timeout) {
+  const absl::Time start = absl::Now();
   const auto deadline =
       std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
   Pipe out_pipe;
@@ -168,7 +172,12 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
       DrainUntil(out_pipe.read_fd(), err_pipe.read_fd(), deadline, result);
   if (!finished.ok() || !*finished) kill(pid, SIGKILL);
   int wait_status = 0;
-  if (absl::Status s = WaitForChild(pid, &wait_status); !s.ok()) return s;
+  rusage usage{};
+  if (absl::Status s = WaitForChild(pid, &wait_status, &usage); !s.ok()) {
+    return s;
+  }
+  result.wall_time = absl::Now() - start;
+  result.max_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;
   if (!finished.ok()) return finished.status();
   if (!*finished) {
     return absl::DeadlineExceededError(absl::StrCat(
@@ -184,4 +193,4 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
   return result;
 }
 
-}  // namespace tpushim::testutil
+}  // namespace tpushim

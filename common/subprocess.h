@@ -1,0 +1,58 @@
+// Runs a program as a child process with an exact argv and environment and
+// captures what it writes: `tpushim tune` runs each sweep point this way,
+// and the end-to-end tests of the `tpushim` tool run the tool this way.
+//
+// The child is started with posix_spawn and an explicit envp: it inherits
+// no environment variable from the test, and the test process never calls
+// setenv. Its stdin is /dev/null; stdout and stderr are read through pipes,
+// concurrently, so neither can fill up and stall the child.
+//
+//   absl::StatusOr<SubprocessResult> r = RunSubprocess(
+//       TPUSHIM_TOOL_PATH, {"info", "--json"},
+//       {"TPU_PREMAPPED_BUFFER_SIZE=8589934592"});
+//   ASSERT_TRUE(r.ok()) << r.status();
+//   EXPECT_EQ(r->exit_code, 0) << r->err;
+//
+// Thread-safety: thread-safe; each call owns its child and pipes.
+
+#ifndef TPUSHIM_COMMON_SUBPROCESS_H_
+#define TPUSHIM_COMMON_SUBPROCESS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace tpushim {
+
+struct SubprocessResult {
+  // The child's exit status, or -1 when a signal ended it.
+  int exit_code = -1;
+  // The signal that ended the child, else 0.
+  int term_signal = 0;
+  std::string out;  // everything written to stdout
+  std::string err;  // everything written to stderr
+  // From start to reaped, and the child's peak resident set (wait4's
+  // ru_maxrss).
+  absl::Duration wall_time;
+  uint64_t max_rss_bytes = 0;
+};
+
+// Runs `path` with argv[0] = `path` followed by `args`, in the environment
+// `env` ("NAME=value" strings, nothing else), and waits for it to end.
+//
+// Returns the result whatever the child's exit status. Errors: the status
+// of a failed pipe/posix_spawn/poll/waitpid (e.g. NOT_FOUND for a missing
+// program); DEADLINE_EXCEEDED, naming the command and what it had written,
+// when the child runs longer than `timeout` — it is then killed with
+// SIGKILL and reaped, so no child outlives the call.
+absl::StatusOr<SubprocessResult> RunSubprocess(
+    const std::string& path, const std::vector<std::string>& args,
+    const std::vector<std::string>& env,
+    absl::Duration timeout = absl::Seconds(120));
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_COMMON_SUBPROCESS_H_

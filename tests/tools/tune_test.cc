@@ -1,0 +1,368 @@
+// End-to-end tests of `tpushim tune`: the built tool runs as a subprocess
+// with an exact environment (logs in a temporary directory, small
+// simulated devices), sweeps small regions with a fixed transfer count per
+// point, and its JSON, CSV and table output, its recommendation, plot and
+// the reports of failed points are checked.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
+
+namespace tpushim {
+namespace {
+
+using ::testing::AllOf;
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
+using testutil::ReadFileOrEmpty;
+using testutil::RunSubprocess;
+using testutil::SubprocessResult;
+using testutil::TempDir;
+
+using Json = nlohmann::ordered_json;
+
+// A quick workload: 200 transfers of 64K..1M per point.
+const std::vector<std::string> kQuick = {"--transfer-sizes",
+                                         "loguniform:64K-1M", "--count", "200"};
+
+class TuneTest : public ::testing::Test {
+ protected:
+  std::vector<std::string> Env() const {
+    return {absl::StrCat("TPU_LOG_DIR=", dir_.path()),
+            "TPUSHIM_DEVICE=sim://?hbm=64M", "PATH=/usr/bin:/bin"};
+  }
+  // Runs `tpushim tune args...` in Env() with `env` added (an entry of
+  // `env` replaces Env()'s variable of the same name).
+  SubprocessResult Run(std::vector<std::string> args,
+                       std::vector<std::string> env = {}) {
+    args.insert(args.begin(), "tune");
+    std::vector<std::string> full_env = env;
+    for (const std::string& e : Env()) {
+      const std::string name = e.substr(0, e.find('=') + 1);
+      bool replaced = false;
+      for (const std::string& x : env) replaced |= x.rfind(name, 0) == 0;
+      if (!replaced) full_env.push_back(e);
+    }
+    absl::StatusOr<SubprocessResult> r =
+        RunSubprocess(TPUSHIM_TOOL_PATH, args, full_env, absl::Seconds(120));
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return SubprocessResult{};
+    EXPECT_EQ(r->term_signal, 0) << r->err;
+    return *r;
+  }
+  Json RunJson(std::vector<std::string> args, int expected_exit = 0,
+               std::vector<std::string> env = {}) {
+    // The quick workload unless the test sets its own length.
+    if (std::find(args.begin(), args.end(), "--count") == args.end()) {
+      args.insert(args.end(), kQuick.begin(), kQuick.end());
+    }
+    args.push_back("--json");
+    SubprocessResult r = Run(args, env);
+    EXPECT_EQ(r.exit_code, expected_exit) << r.out << r.err;
+    Json j = Json::parse(r.out, nullptr, /*allow_exceptions=*/false);
+    EXPECT_FALSE(j.is_discarded()) << r.out << r.err;
+    return j;
+  }
+
+  TempDir dir_;
+};
+
+std::vector<std::string> Keys(const Json& object) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : object.items()) keys.push_back(key);
+  return keys;
+}
+
+// The acceptance sweep: three sizes; the application keeps three 4 MiB
+// pinned buffers, which an 8 MiB region cannot hold.
+TEST_F(TuneTest, ThreePointSweepReportsResourceExhaustedAtTheSmallestSize) {
+  const Json j = RunJson({"--sizes", "8M,32M,64M", "--pinned-buffers", "3",
+                          "--pinned-bytes", "4M"});
+  EXPECT_THAT(Keys(j), ::testing::ElementsAre("workload", "device", "repeats",
+                                              "dropped_combinations", "points",
+                                              "recommendation", "plot"));
+  ASSERT_EQ(j["points"].size(), 3u);
+  const Json& small = j["points"][0];
+  EXPECT_EQ(small["size_bytes"], 8u << 20);
+  EXPECT_EQ(small["status"], "ok");
+  EXPECT_GE(small["resource_exhausted"].get<uint64_t>(), 1u);
+  EXPECT_EQ(small["resource_exhausted"], small["pinned_alloc_failures"]);
+  for (int i = 1; i < 3; ++i) {
+    const Json& p = j["points"][i];
+    EXPECT_EQ(p["status"], "ok") << p.dump();
+    EXPECT_EQ(p["resource_exhausted"], 0) << p.dump();
+    EXPECT_EQ(p["failed_transfers"], 0) << p.dump();
+    EXPECT_EQ(p["transfers"], 200);
+  }
+  EXPECT_THAT(
+      Keys(small),
+      ::testing::ElementsAre(
+          "size_bytes", "threshold_bytes", "threshold_set", "status", "error",
+          "startup_seconds", "init_seconds", "pinned_host_bytes",
+          "region_locked", "peak_call_pinned_bytes", "gbps", "transfers",
+          "bytes", "path_share", "path_counts", "staging_waits",
+          "staging_wait_seconds", "resource_exhausted", "pinned_alloc_failures",
+          "failed_transfers", "fallbacks", "over_threshold", "input_bound",
+          "step_input_ms", "peak_rss_bytes", "wall_seconds"));
+  // The region is locked (root has CAP_IPC_LOCK) and counted as pinned.
+  EXPECT_EQ(small["region_locked"], true);
+  EXPECT_GE(small["pinned_host_bytes"].get<uint64_t>(), 8u << 20);
+  EXPECT_GT(small["startup_seconds"].get<double>(), 0);
+  EXPECT_GT(small["gbps"].get<double>(), 0);
+  EXPECT_GT(small["peak_rss_bytes"].get<uint64_t>(), 0u);
+  // Pageable memory below the default threshold: all staged.
+  EXPECT_EQ(small["path_share"]["staged"], 1.0);
+
+  const Json& rec = j["recommendation"];
+  ASSERT_EQ(rec["found"], true) << rec.dump();
+  EXPECT_NE(rec["size_bytes"], 8u << 20);
+  EXPECT_EQ(rec["environment"]["TPU_PREMAPPED_BUFFER_SIZE"],
+            absl::StrCat(rec["size_bytes"].get<uint64_t>()));
+  EXPECT_GE(rec["fraction_of_best"].get<double>(), 0.95);
+  EXPECT_THAT(
+      rec["reason"].get<std::string>(),
+      AllOf(HasSubstr("is the smallest size"),
+            ::testing::ContainsRegex("8M had [0-9]+ RESOURCE_EXHAUSTED")));
+  EXPECT_EQ(j["workload"]["pinned_buffers"], 3);
+  EXPECT_EQ(j["device"], "sim://?hbm=64M");
+}
+
+TEST_F(TuneTest, TableShowsEveryPointAndTheRecommendation) {
+  std::vector<std::string> args = {
+      "--sizes", "8M,16M", "--pinned-buffers", "3", "--pinned-bytes", "4M"};
+  args.insert(args.end(), kQuick.begin(), kQuick.end());
+  SubprocessResult r = Run(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("tpushim tune: 2 points, 1 run each"),
+            HasSubstr("3 pinned buffers of 4M"), HasSubstr("RES-EXH"),
+            HasSubstr("\n  8M    default"),
+            HasSubstr("Recommendation: TPU_PREMAPPED_BUFFER_SIZE=16777216\n")));
+  // stderr is a pipe: no progress bar.
+  EXPECT_THAT(r.err, Not(HasSubstr("\r")));
+}
+
+TEST_F(TuneTest, CsvHasTheDocumentedHeaderAndOneLinePerPoint) {
+  std::vector<std::string> args = {"--sizes", "8M,16M", "--thresholds",
+                                   "256K,default", "--csv"};
+  args.insert(args.end(), kQuick.begin(), kQuick.end());
+  SubprocessResult r = Run(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> lines;
+  std::istringstream in(r.out);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 5u) << r.out;
+  EXPECT_EQ(lines[0],
+            "size_bytes,threshold_bytes,threshold_set,status,startup_seconds,"
+            "pinned_host_bytes,region_locked,gbps,transfers,zero_copy_share,"
+            "staged_share,pinned_share,staging_wait_seconds,resource_exhausted,"
+            "failed_transfers,fallbacks,input_bound,error");
+  EXPECT_THAT(lines[1], StartsWith("8388608,262144,262144,ok,"));
+  EXPECT_THAT(lines[2], StartsWith("8388608,8388608,,ok,"));
+  EXPECT_THAT(lines[4], StartsWith("16777216,16777216,,ok,"));
+}
+
+TEST_F(TuneTest, ThresholdsAtOrAboveASizeFoldIntoTheDefault) {
+  const Json j =
+      RunJson({"--sizes", "16M", "--thresholds", "256K,16M,32M,default"});
+  ASSERT_EQ(j["points"].size(), 2u);
+  EXPECT_EQ(j["dropped_combinations"], 2);
+  EXPECT_EQ(j["points"][0]["threshold_set"], 256u << 10);
+  EXPECT_EQ(j["points"][0]["threshold_bytes"], 256u << 10);
+  EXPECT_TRUE(j["points"][1]["threshold_set"].is_null());
+  EXPECT_EQ(j["points"][1]["threshold_bytes"], 16u << 20);
+  // Above 256K the transfers go pinned; at the default none do.
+  EXPECT_GT(j["points"][0]["path_share"]["pinned"].get<double>(), 0);
+  EXPECT_GT(j["points"][0]["over_threshold"].get<uint64_t>(), 0u);
+  EXPECT_EQ(j["points"][1]["path_share"]["pinned"], 0.0);
+}
+
+TEST_F(TuneTest, RangesExpand) {
+  Json j = RunJson(
+      {"--sizes", "8M..32M", "--count", "20", "--transfer-sizes", "64K"});
+  ASSERT_EQ(j["points"].size(), 3u);
+  EXPECT_EQ(j["points"][2]["size_bytes"], 32u << 20);
+  j = RunJson(
+      {"--sizes", "4M..12M:+4M", "--count", "20", "--transfer-sizes", "64K"});
+  ASSERT_EQ(j["points"].size(), 3u);
+  EXPECT_EQ(j["points"][1]["size_bytes"], 8u << 20);
+}
+
+TEST_F(TuneTest, RegionOffIsAPointWithEverythingPinned) {
+  const Json j = RunJson({"--sizes", "0,8M"});
+  ASSERT_EQ(j["points"].size(), 2u);
+  const Json& off = j["points"][0];
+  EXPECT_EQ(off["status"], "ok");
+  EXPECT_TRUE(off["threshold_bytes"].is_null());
+  EXPECT_TRUE(off["region_locked"].is_null());
+  EXPECT_EQ(off["path_share"]["pinned"], 1.0);
+  EXPECT_EQ(off["pinned_host_bytes"], off["peak_call_pinned_bytes"]);
+}
+
+TEST_F(TuneTest, APointThatCannotStartIsReportedAndTheSweepGoesOn) {
+  // 64 TiB is more than MemAvailable: the runtime refuses it before
+  // touching memory.
+  const Json j = RunJson({"--sizes", "8M,64T"});
+  ASSERT_EQ(j["points"].size(), 2u);
+  EXPECT_EQ(j["points"][0]["status"], "ok");
+  const Json& big = j["points"][1];
+  EXPECT_EQ(big["status"], "failed");
+  EXPECT_EQ(big["error"]["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_THAT(big["error"]["message"].get<std::string>(),
+              HasSubstr("MemAvailable"));
+  EXPECT_TRUE(big["gbps"].is_null());
+  EXPECT_EQ(j["recommendation"]["size_bytes"], 8u << 20);
+}
+
+TEST_F(TuneTest, APointOverItsTimeLimitIsKilledAndReported) {
+  const Json j = RunJson({"--sizes", "8M", "--seconds", "60", "--count", "0",
+                          "--point-timeout", "2", "--transfer-sizes", "64K"},
+                         /*expected_exit=*/1);
+  ASSERT_EQ(j["points"].size(), 1u);
+  EXPECT_EQ(j["points"][0]["status"], "timeout");
+  EXPECT_EQ(j["points"][0]["error"]["code"], "DEADLINE_EXCEEDED");
+  EXPECT_EQ(j["recommendation"]["found"], false);
+}
+
+TEST_F(TuneTest, ACrashedChildIsReportedWithItsSignal) {
+  // A soft one-second CPU limit, inherited by the children: a busy
+  // workload gets SIGXCPU while the sweep itself, mostly waiting, does not.
+  absl::StatusOr<SubprocessResult> r = RunSubprocess(
+      "/bin/sh",
+      {"-c", absl::StrCat("ulimit -S -t 1; exec ", TPUSHIM_TOOL_PATH,
+                          " tune --sizes 8M --seconds 30 --streams 2 "
+                          "--transfer-sizes 1M --json")},
+      Env(), absl::Seconds(120));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 1) << r->out << r->err;
+  const Json j = Json::parse(r->out);
+  EXPECT_EQ(j["points"][0]["status"], "crashed");
+  EXPECT_THAT(j["points"][0]["error"]["message"].get<std::string>(),
+              HasSubstr("SIGXCPU"));
+}
+
+TEST_F(TuneTest, WorkloadFileAndOptionsCombine) {
+  const std::string file = absl::StrCat(dir_.path(), "/workload.json");
+  std::ofstream(file) << R"({"transfer_sizes": "histogram:64K=3,256K=1",
+                             "directions": ["h2d", "d2d"], "streams": 3,
+                             "devices": 2, "step_ms": 1000,
+                             "step_bytes": "1M", "seed": 7})";
+  const Json j =
+      RunJson({"--sizes", "8M", "--workload", file, "--streams", "1"});
+  const Json& w = j["workload"];
+  EXPECT_EQ(w["transfer_sizes"], "loguniform:64K-1M");  // the option wins
+  EXPECT_EQ(w["directions"], Json::array({"h2d", "d2d"}));
+  EXPECT_EQ(w["streams"], 1);
+  EXPECT_EQ(w["devices"], 2);
+  EXPECT_EQ(w["seed"], 7);
+  EXPECT_EQ(j["device"], "sim://?hbm=64M&devices=2");
+  const Json& p = j["points"][0];
+  EXPECT_GT(p["path_counts"]["d2d"].get<uint64_t>(), 0u);
+  EXPECT_EQ(p["path_counts"]["zero_copy"].get<uint64_t>() +
+                p["path_counts"]["staged"].get<uint64_t>() +
+                p["path_counts"]["pinned"].get<uint64_t>() +
+                p["path_counts"]["d2d"].get<uint64_t>(),
+            200u);
+  // 1M per step at GB/s takes far less than a second.
+  EXPECT_EQ(p["input_bound"], false);
+  EXPECT_LT(p["step_input_ms"].get<double>(), 1000);
+}
+
+TEST_F(TuneTest, AWorkloadTooBigForTheDeviceFailsItsPointsSayingSo) {
+  // Two streams of 64M transfers need 256M of HBM; the device has 64M.
+  const Json j =
+      RunJson({"--sizes", "8M", "--transfer-sizes", "64M", "--count", "4"},
+              /*expected_exit=*/1);
+  const Json& p = j["points"][0];
+  EXPECT_EQ(p["status"], "failed");
+  EXPECT_EQ(p["error"]["code"], "RESOURCE_EXHAUSTED");
+  EXPECT_THAT(p["error"]["message"].get<std::string>(),
+              AllOf(StartsWith("setting up the workload's streams: "),
+                    HasSubstr("Error allocating device buffer")));
+}
+
+TEST_F(TuneTest, RepeatsRunEachPointThatManyTimes) {
+  const Json j = RunJson({"--sizes", "8M", "--repeats", "2"});
+  EXPECT_EQ(j["repeats"], 2);
+  EXPECT_EQ(j["points"][0]["status"], "ok");
+  EXPECT_EQ(j["points"][0]["transfers"], 200);
+}
+
+TEST_F(TuneTest, PlotWritesAnSvgWithBothPanels) {
+  const std::string svg = absl::StrCat(dir_.path(), "/sweep.svg");
+  const Json j =
+      RunJson({"--sizes", "8M,16M", "--thresholds", "256K,default",
+               "--pinned-buffers", "3", "--pinned-bytes", "4M", "--plot", svg});
+  EXPECT_EQ(j["plot"], svg);
+  const std::string text = ReadFileOrEmpty(svg);
+  EXPECT_THAT(
+      text,
+      AllOf(HasSubstr("<svg"), HasSubstr("throughput (GB/s)"),
+            HasSubstr("start-up (s)"), HasSubstr("threshold 256K"),
+            HasSubstr("default threshold"), HasSubstr("RESOURCE_EXHAUSTED")));
+}
+
+TEST_F(TuneTest, PlotWithoutGnuplotSaysSoBeforeRunning) {
+  SubprocessResult r =
+      Run({"--sizes", "8M", "--plot", "x.svg"}, {"PATH=/nonexistent"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, AllOf(HasSubstr("--plot needs gnuplot"),
+                           HasSubstr("not installed")));
+  EXPECT_THAT(r.out, Not(HasSubstr("SIZE")));
+}
+
+TEST_F(TuneTest, BadInputIsAUsageErrorNamingIt) {
+  struct Case {
+    std::vector<std::string> args;
+    std::vector<std::string> env;
+    const char* message;
+  };
+  const Case cases[] = {
+      {{"--sizes", "5000"}, {}, "not a multiple of 4096"},
+      {{"--sizes", "8M..4M"}, {}, "0 < A <= B"},
+      {{"--thresholds", "0"}, {}, "must be > 0"},
+      {{"--sizes", "default"}, {}, "only in --thresholds"},
+      {{"--transfer-sizes", "normal:1M"}, {}, "--transfer-sizes"},
+      {{"--directions", "h2x"}, {}, "unknown direction \"h2x\""},
+      {{"--pinned-buffers", "2"}, {}, "--pinned-bytes"},
+      {{"--zero-copy-share", "2"}, {}, "--zero-copy-share"},
+      {{"--plot", "x.pdf"}, {}, ".svg or .png"},
+      {{"--sizes", "8M"},
+       {"LIBTPU_INIT_ARGS=--tpu_premapped_buffer_size=4096"},
+       "LIBTPU_INIT_ARGS sets --tpu_premapped_buffer_size"},
+      {{"--sizes", "8M"}, {"TPUSHIM_DEVICE=gpu://"}, "device URL"},
+      {{"--sizes", "8M", "--workload", "/nonexistent.json"}, {}, "--workload"},
+  };
+  for (const Case& c : cases) {
+    SubprocessResult r = Run(c.args, c.env);
+    EXPECT_EQ(r.exit_code, 2) << absl::StrJoin(c.args, " ") << "\n" << r.err;
+    EXPECT_THAT(r.err, HasSubstr(c.message)) << absl::StrJoin(c.args, " ");
+  }
+}
+
+TEST_F(TuneTest, HelpNamesTheJsonFields) {
+  SubprocessResult r = Run({"--help"});
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("--pinned-buffers"), HasSubstr("\"recommendation\""),
+            HasSubstr("resource_exhausted"), HasSubstr("Examples:")));
+}
+
+}  // namespace
+}  // namespace tpushim
