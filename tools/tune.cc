@@ -706,8 +706,9 @@ Json Recommend(const std::vector<Point>& points) {
     }
     losers.push_back(absl::StrCat(
         SizeName(p.size), " had ",
+        // Rounded down: a point just under the bar must not read "95%".
         best_here >= 0 ? absl::StrFormat("only %.0f%% of the best throughput",
-                                         100 * best_here / best)
+                                         std::floor(100 * best_here / best))
                        : first_problem));
   }
   std::string reason = absl::StrCat(
@@ -1106,20 +1107,27 @@ void RunTune(const TuneFlags& flags, CommandContext& context) {
   ProgressBar progress(*context.err, "tune", total);
   const absl::Duration timeout = absl::Seconds(flags.point_timeout);
   int done = 0;
-  for (Point& p : points) {
-    for (int r = 0; r < flags.repeats; ++r) {
+  // Repeats go in rounds over all points, every other round in reverse:
+  // what one child leaves behind in the machine (memory to compact, pages
+  // the kernel is still freeing) then weighs on different neighbours each
+  // round instead of always on the same point.
+  for (int r = 0; r < flags.repeats; ++r) {
+    for (size_t i = 0; i < points.size(); ++i) {
+      Point& p = points[r % 2 == 0 ? i : points.size() - 1 - i];
       progress.Show(
           done,
           absl::StrCat("size=", SizeName(p.size), " threshold=",
                        p.size == 0       ? "-"
                        : p.threshold_set ? SizeName(*p.threshold_set)
                                          : "default",
-                       flags.repeats > 1 ? absl::StrCat(" run ", r + 1) : ""));
+                       flags.repeats > 1
+                           ? absl::StrCat(" round ", r + 1, "/", flags.repeats)
+                           : ""));
       RunOnce(*self, *w, *device, timeout, p);
       ++done;
     }
-    Aggregate(*w, mlock_off, p);
   }
+  for (Point& p : points) Aggregate(*w, mlock_off, p);
   progress.Clear();
 
   const Json recommendation = Recommend(points);
