@@ -11,6 +11,7 @@
 #include <cmath>
 #include <cstdint>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <memory>
 #include <optional>
@@ -28,6 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -694,22 +696,33 @@ Json Recommend(const std::vector<Point>& points) {
   for (const Point& p : points) {
     if (p.size >= chosen->size || !seen.insert(p.size).second) continue;
     double best_here = -1;
-    std::string first_problem;
+    // Else the least bad point at this size: fewest failures, not crashed.
+    const Point* least_bad = nullptr;
+    int at_size = 0;
+    auto badness = [](const Point& q) {
+      return q.ok()
+                 ? q.Count("resource_exhausted") + q.Count("failed_transfers")
+                 : std::numeric_limits<uint64_t>::max();
+    };
     for (const Point& q : points) {
       if (q.size != p.size) continue;
-      const std::string d = Disqualified(q);
-      if (d.empty()) {
+      ++at_size;
+      if (Disqualified(q).empty()) {
         best_here = std::max(best_here, q.gbps());
-      } else if (first_problem.empty()) {
-        first_problem = d;
+      } else if (least_bad == nullptr || badness(q) < badness(*least_bad)) {
+        least_bad = &q;
       }
     }
-    losers.push_back(absl::StrCat(
-        SizeName(p.size), " had ",
-        // Rounded down: a point just under the bar must not read "95%".
-        best_here >= 0 ? absl::StrFormat("only %.0f%% of the best throughput",
-                                         std::floor(100 * best_here / best))
-                       : first_problem));
+    if (best_here >= 0) {
+      // Rounded down: a point just under the bar must not read "95%".
+      losers.push_back(absl::StrFormat(
+          "%s reached only %.0f%% of the best throughput", SizeName(p.size),
+          std::floor(100 * best_here / best)));
+    } else {
+      losers.push_back(absl::StrCat(SizeName(p.size), " had ",
+                                    Disqualified(*least_bad),
+                                    at_size > 1 ? " at best" : ""));
+    }
   }
   std::string reason = absl::StrCat(
       SizeName(chosen->size), " with ", ThresholdText(*chosen),
@@ -1003,8 +1016,9 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
                "background '#ffffff'\n");
   gp << "set output '" << file << "'\n"
      << "set termoption noenhanced\n"
-     << "set multiplot layout 2,1 title 'tpushim tune: "
-     << WorkloadSummary(w, device) << "' font ',10'\n"
+     << "set multiplot layout 2,1 title \"tpushim tune\\n"
+     << absl::StrReplaceAll(WorkloadSummary(w, device), {{"\"", "'"}})
+     << "\" font ',10'\n"
      << "set logscale x 2\n"
      << "set xtics (" << absl::StrJoin(tic_list, ", ")
      << ")\n"
@@ -1013,7 +1027,7 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
      << static_cast<double>(tics.back().first) * 1.5 << "]\n"
      << "set xlabel 'TPU_PREMAPPED_BUFFER_SIZE'\n"
      << "set grid\n"
-     << "set key top left inside opaque box\n"
+     << "set key top left inside opaque box Left reverse\n"
      << "set yrange [0:*]\n";
   for (const auto& [column, ylabel] :
        {std::pair<int, const char*>{2, "throughput (GB/s)"},
