@@ -20,9 +20,9 @@
 // counted in the output). Sizes must be multiples of 4096 (the contract's
 // rule), checked before anything runs.
 //
-// Per point (run --repeats times, in rounds over the whole sweep, every
-// other round in reverse order; figures are medians, failure counts the
-// worst run): start-up time (System creation in the child),
+// Per point (run --repeats times, in rounds over the whole sweep, the
+// first in sweep order, the others shuffled; figures are medians, failure
+// counts the worst run): start-up time (System creation in the child),
 // pinned host bytes (the region when locked, plus the peak of per-call
 // pinned transfer memory), throughput, the share of host transfers per
 // path, staging waits, RESOURCE_EXHAUSTED count (the application's pinned
