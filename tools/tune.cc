@@ -83,13 +83,16 @@ step). Statuses: ok, failed, invalid, crashed, timeout.
 Recommendation: the smallest size (then the best threshold at it) with no
 RESOURCE_EXHAUSTED, no failed transfer, a locked region (unless
 TPUSHIM_MLOCK=off) and at least 95% of the best throughput of such points.
-Machines are noisy: --repeats 3 takes the median of three runs per point.
+Machines are noisy: --repeats 3 takes the median of three runs per point,
+and a point whose fastest run reaches the best point's slowest also counts
+as good enough (gbps_range = [slowest, fastest]).
 
 --json: {"workload", "device", "repeats", "dropped_combinations",
          "points": [{"size_bytes", "threshold_bytes", "threshold_set",
                      "status", "error", "startup_seconds", "init_seconds",
                      "pinned_host_bytes", "region_locked",
-                     "peak_call_pinned_bytes", "gbps", "transfers", "bytes",
+                     "peak_call_pinned_bytes", "gbps", "gbps_range",
+                     "transfers", "bytes",
                      "path_share", "path_counts", "staging_waits",
                      "staging_wait_seconds", "resource_exhausted",
                      "pinned_alloc_failures", "failed_transfers",
@@ -419,6 +422,13 @@ struct Point {
   }
   bool ok() const { return status == "ok"; }
   double gbps() const { return ok() ? figures["gbps"].get<double>() : 0.0; }
+  // The slowest and fastest of its runs.
+  double gbps_min() const {
+    return ok() ? figures["gbps_range"][0].get<double>() : 0.0;
+  }
+  double gbps_max() const {
+    return ok() ? figures["gbps_range"][1].get<double>() : 0.0;
+  }
   uint64_t Count(const char* key) const {
     return ok() ? figures[key].get<uint64_t>() : 0;
   }
@@ -617,6 +627,9 @@ void Aggregate(const Workload& w, bool mlock_off, Point& p) {
                               : Json(nullptr)},
       {"peak_call_pinned_bytes", worst("peak_call_pinned_bytes")},
       {"gbps", median_gbps},
+      {"gbps_range",
+       Json::array({*std::min_element(gbps.begin(), gbps.end()),
+                    *std::max_element(gbps.begin(), gbps.end())})},
       {"transfers", m["transfers"]},
       {"bytes", m["bytes"]},
       {"path_share",
@@ -683,9 +696,19 @@ Json Recommend(const std::vector<Point>& points) {
              "(and with a locked region); try larger sizes or fewer pinned "
              "buffers."}};
   }
+  // Good enough: within 95% of the best, or, with repeats, not
+  // distinguishable from it (its fastest run at least the best point's
+  // slowest): on a noisy machine a median below the bar may be noise.
+  const bool repeated = best_point->runs.size() > 1;
+  auto within_spread = [&](const Point& p) {
+    return repeated && p.gbps_max() >= best_point->gbps_min();
+  };
+  auto good_enough = [&](const Point& p) {
+    return p.gbps() >= kGoodEnough * best || within_spread(p);
+  };
   const Point* chosen = nullptr;
   for (const Point& p : points) {
-    if (!Disqualified(p).empty() || p.gbps() < kGoodEnough * best) continue;
+    if (!Disqualified(p).empty() || !good_enough(p)) continue;
     if (chosen == nullptr || p.size < chosen->size ||
         (p.size == chosen->size && p.gbps() > chosen->gbps())) {
       chosen = &p;
@@ -697,7 +720,7 @@ Json Recommend(const std::vector<Point>& points) {
   std::set<uint64_t> seen;
   for (const Point& p : points) {
     if (p.size >= chosen->size || !seen.insert(p.size).second) continue;
-    double best_here = -1;
+    const Point* best_here = nullptr;
     // Else the least bad point at this size: fewest failures, not crashed.
     const Point* least_bad = nullptr;
     int at_size = 0;
@@ -710,16 +733,20 @@ Json Recommend(const std::vector<Point>& points) {
       if (q.size != p.size) continue;
       ++at_size;
       if (Disqualified(q).empty()) {
-        best_here = std::max(best_here, q.gbps());
+        if (best_here == nullptr || q.gbps() > best_here->gbps())
+          best_here = &q;
       } else if (least_bad == nullptr || badness(q) < badness(*least_bad)) {
         least_bad = &q;
       }
     }
-    if (best_here >= 0) {
+    if (best_here != nullptr) {
       // Rounded down: a point just under the bar must not read "95%".
       losers.push_back(absl::StrFormat(
-          "%s reached only %.0f%% of the best throughput", SizeName(p.size),
-          std::floor(100 * best_here / best)));
+          "%s reached only %.0f%% of the best throughput%s", SizeName(p.size),
+          std::floor(100 * best_here->gbps() / best),
+          repeated ? absl::StrFormat(" (its fastest run %.2f GB/s)",
+                                     best_here->gbps_max())
+                   : ""));
     } else {
       losers.push_back(absl::StrCat(SizeName(p.size), " had ",
                                     Disqualified(*least_bad),
@@ -741,6 +768,13 @@ Json Recommend(const std::vector<Point>& points) {
                      "GB/s, at %s with %s)",
                      100 * chosen->gbps() / best, chosen->gbps(), best,
                      SizeName(best_point->size), ThresholdText(*best_point)));
+    if (chosen->gbps() < kGoodEnough * best) {
+      absl::StrAppend(
+          &reason,
+          absl::StrFormat(", within the run-to-run spread of the best (its "
+                          "runs: %.2f-%.2f GB/s)",
+                          best_point->gbps_min(), best_point->gbps_max()));
+    }
   }
   if (!losers.empty()) {
     absl::StrAppend(&reason, "; ", absl::StrJoin(losers, ", "));
@@ -775,12 +809,26 @@ Json PointJson(const Point& p) {
              p.threshold_set ? Json(*p.threshold_set) : Json(nullptr)},
             {"status", p.status},
             {"error", p.error}};
-  for (const char* key :
-       {"startup_seconds", "init_seconds", "pinned_host_bytes", "region_locked",
-        "peak_call_pinned_bytes", "gbps", "transfers", "bytes", "path_share",
-        "path_counts", "staging_waits", "staging_wait_seconds",
-        "resource_exhausted", "pinned_alloc_failures", "failed_transfers",
-        "fallbacks", "over_threshold", "input_bound", "step_input_ms"}) {
+  for (const char* key : {"startup_seconds",
+                          "init_seconds",
+                          "pinned_host_bytes",
+                          "region_locked",
+                          "peak_call_pinned_bytes",
+                          "gbps",
+                          "gbps_range",
+                          "transfers",
+                          "bytes",
+                          "path_share",
+                          "path_counts",
+                          "staging_waits",
+                          "staging_wait_seconds",
+                          "resource_exhausted",
+                          "pinned_alloc_failures",
+                          "failed_transfers",
+                          "fallbacks",
+                          "over_threshold",
+                          "input_bound",
+                          "step_input_ms"}) {
     j[key] = fig(key);
   }
   j["peak_rss_bytes"] = p.peak_rss_bytes;

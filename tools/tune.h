@@ -35,7 +35,9 @@
 //
 // Recommendation: among points that ran with no RESOURCE_EXHAUSTED, no
 // failed transfer and (unless TPUSHIM_MLOCK=off) a locked region, those
-// within 95 % of the best throughput among them; of these the smallest
+// within 95 % of the best throughput among them (or, with --repeats,
+// whose fastest run reaches the best point's slowest: indistinguishable
+// from it on this machine); of these the smallest
 // size, and at that size the threshold with the highest throughput. (A
 // point whose application buffers could not be allocated may run faster by
 // doing less; it does not set the bar.) One sentence says why, and why the
@@ -81,7 +83,8 @@ absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseSweepList(
 //    "points": [{"size_bytes", "threshold_bytes", "threshold_set",
 //                "status", "error", "startup_seconds", "init_seconds",
 //                "pinned_host_bytes", "region_locked",
-//                "peak_call_pinned_bytes", "gbps", "transfers", "bytes",
+//                "peak_call_pinned_bytes", "gbps", "gbps_range", "transfers",
+//                "bytes",
 //                "path_share": {"zero_copy", "staged", "pinned"},
 //                "path_counts": {"zero_copy", "staged", "pinned", "d2d"},
 //                "staging_waits", "staging_wait_seconds",
@@ -94,6 +97,7 @@ absl::StatusOr<std::vector<std::optional<uint64_t>>> ParseSweepList(
 //                       "gbps", "fraction_of_best", "best_gbps",
 //                       "reason"},
 //    "plot"}
+// "gbps_range" is [slowest, fastest] of the point's runs.
 // "status" is "ok", "failed", "invalid", "crashed" or "timeout"; "error"
 // is null or {"code", "message"}; a point that did not run has null
 // figures. "threshold_bytes" is the threshold in force (null with the

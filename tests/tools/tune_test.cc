@@ -113,8 +113,8 @@ TEST_F(TuneTest, ThreePointSweepReportsResourceExhaustedAtTheSmallestSize) {
       ::testing::ElementsAre(
           "size_bytes", "threshold_bytes", "threshold_set", "status", "error",
           "startup_seconds", "init_seconds", "pinned_host_bytes",
-          "region_locked", "peak_call_pinned_bytes", "gbps", "transfers",
-          "bytes", "path_share", "path_counts", "staging_waits",
+          "region_locked", "peak_call_pinned_bytes", "gbps", "gbps_range",
+          "transfers", "bytes", "path_share", "path_counts", "staging_waits",
           "staging_wait_seconds", "resource_exhausted", "pinned_alloc_failures",
           "failed_transfers", "fallbacks", "over_threshold", "input_bound",
           "step_input_ms", "peak_rss_bytes", "wall_seconds"));
