@@ -1,9 +1,12 @@
+#include <memory>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "allocator/premapped_region.h"
+#include "common/mutex.h"
 #include "common/status_macros.h"
 #include "driver/devices.h"
 #include "driver/system_internal.h"
@@ -60,6 +63,7 @@ void PinnedHostBuffer::Reset() {
 
 struct System::Impl {
   Options options;
+  // From TPUSHIM_FAULTS; null when SystemFactory's caller injects faults.
   std::unique_ptr<FaultInjector> faults;
   std::unique_ptr<FaultInjectingOs> os;
   std::vector<std::unique_ptr<Device>> devices;
@@ -92,24 +96,44 @@ std::string DeviceIdList(int n) {
   return absl::StrJoin(ids, ",");
 }
 
+// An OS layer over `base` that fails log_open as `spec` says, for logging.
+// Logging keeps its Os as long as it is set up, which may be longer than
+// any System, so the layer and its injector are kept for the life of the
+// process — reachable from here, not leaked. One is made per logging
+// set-up with TPUSHIM_FAULTS: once per process, except in tests that set
+// logging up again and again.
+Os* LogFaultOs(Os* base, const FaultSpec& spec) {
+  struct Kept {
+    std::unique_ptr<FaultInjector> faults;
+    std::unique_ptr<FaultInjectingOs> os;
+  };
+  static Mutex* const mu = new Mutex();
+  static std::vector<Kept>* const kept = new std::vector<Kept>();
+  Kept k;
+  k.faults = std::make_unique<FaultInjector>(spec);
+  k.os = std::make_unique<FaultInjectingOs>(base, k.faults.get());
+  Os* os = k.os.get();
+  MutexLock lock(mu);
+  kept->push_back(std::move(k));
+  return os;
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
-    const OptionOverrides& overrides, Os* base_os) {
+    const OptionOverrides& overrides, Os* base_os, FaultInjector* faults) {
   const int64_t start_ns = base_os->MonotonicNanos();
   auto impl = std::make_unique<System::Impl>();
   TPUSHIM_ASSIGN_OR_RETURN(impl->options, ResolveOptions(*base_os, overrides));
   const Options& options = impl->options;
 
-  // Logging is process-wide: set it up unless someone already has. It
-  // keeps its Os for the life of the process, so `log_open` faults of
-  // TPUSHIM_FAULTS go through an injector and Os of its own that are never
-  // freed (once per process).
+  // Logging is process-wide: set it up unless someone already has, with
+  // `log_open` faults of TPUSHIM_FAULTS through an Os of its own. A
+  // caller's injector needs none: `base_os` then injects `log_open` itself.
   if (!logging::LoggingInitialized()) {
     Os* log_os = base_os;
-    if (!options.faults.value.empty()) {
-      auto* log_faults = new FaultInjector(options.faults.value);
-      log_os = new FaultInjectingOs(base_os, log_faults);
+    if (faults == nullptr && !options.faults.value.empty()) {
+      log_os = LogFaultOs(base_os, options.faults.value);
     }
     TPUSHIM_RETURN_IF_ERROR(logging::InitLogging(
         logging::LogConfig::FromOptions(options), log_os));
@@ -122,12 +146,17 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   }
   for (const std::string& w : options.warnings) LOG(WARNING) << w;
 
-  impl->faults = std::make_unique<FaultInjector>(options.faults.value);
-  impl->os = std::make_unique<FaultInjectingOs>(base_os, impl->faults.get());
-  Os* os = impl->os.get();
+  FaultInjector* injector = faults;
+  Os* os = base_os;
+  if (injector == nullptr) {
+    impl->faults = std::make_unique<FaultInjector>(options.faults.value);
+    impl->os = std::make_unique<FaultInjectingOs>(base_os, impl->faults.get());
+    injector = impl->faults.get();
+    os = impl->os.get();
+  }
 
-  TPUSHIM_ASSIGN_OR_RETURN(
-      impl->devices, OpenDevices(options.device.value, os, impl->faults.get()));
+  TPUSHIM_ASSIGN_OR_RETURN(impl->devices,
+                           OpenDevices(options.device.value, os, injector));
   std::optional<int> device_node;
   for (const auto& d : impl->devices) {
     const DeviceInfo& info = d->info();
@@ -144,7 +173,7 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   }
   TPUSHIM_ASSIGN_OR_RETURN(
       impl->region,
-      PremappedRegion::Create(options, os, impl->faults.get(), device_node));
+      PremappedRegion::Create(options, os, injector, device_node));
   {
     MutexLock lock(&impl->owner->mu);
     impl->owner->allocator =

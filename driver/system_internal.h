@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "absl/status/statusor.h"
+#include "env/fault_injection.h"
 #include "env/os.h"
 #include "tpushim/options.h"
 #include "tpushim/system.h"
@@ -18,10 +19,17 @@ namespace tpushim {
 
 struct SystemFactory {
   // As System::Create, with every OS call (environment included) through
-  // `os`, which must outlive the system. Faults from TPUSHIM_FAULTS are
-  // injected on top of `os`.
+  // `os`, which must outlive the system (and logging, when this system sets
+  // it up). Faults from TPUSHIM_FAULTS are injected on top of `os`.
+  //
+  // With `faults` (which must outlive the system), faults come from it
+  // instead, and TPUSHIM_FAULTS is ignored: `faults` decides the `alloc`
+  // and `dma` points, and `os` is used as it is — a FaultInjectingOs over
+  // the same `faults` decides the OS points, `log_open` included. Fault
+  // sweeps use this to count and fail every injectable call of a system.
   static absl::StatusOr<std::unique_ptr<System>> Create(
-      const OptionOverrides& overrides, Os* os);
+      const OptionOverrides& overrides, Os* os,
+      FaultInjector* faults = nullptr);
 };
 
 }  // namespace tpushim

@@ -2,6 +2,7 @@
 
 #include <errno.h>
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -530,6 +531,97 @@ absl::StatusOr<uint64_t> RunWithCountedFailures(
   injector.Reset();
   return absl::DeadlineExceededError(absl::StrCat(
       "scenario still reached an injected failure after ", max_runs, " runs"));
+}
+
+// ---- Fault sweeps -----------------------------------------------------------
+
+int FaultSweepReport::points() const {
+  return static_cast<int>(
+      std::count_if(calls.begin(), calls.end(), [](uint64_t c) { return c; }));
+}
+
+uint64_t FaultSweepReport::failing_runs() const {
+  uint64_t runs = 0;
+  for (uint64_t c : calls) runs += c;
+  return runs;
+}
+
+std::string FaultSweepReport::ToString() const {
+  std::vector<std::string> per_point;
+  for (FaultPoint p : AllFaultPoints()) {
+    const uint64_t c = calls[static_cast<int>(p)];
+    if (c > 0) per_point.push_back(absl::StrCat(FaultPointName(p), " ", c));
+  }
+  const int n_points = points();
+  const uint64_t runs = failing_runs();
+  return absl::StrCat(n_points, n_points == 1 ? " point, " : " points, ", runs,
+                      runs == 1 ? " run (" : " runs (",
+                      absl::StrJoin(per_point, ", "), ")");
+}
+
+void FaultSweepRun::Arm() {
+  if (point_) {
+    injector_.ArmNthAcross(FaultPointSet{*point_}, call_);
+  } else {
+    injector_.Reset();
+  }
+  open_ = true;
+}
+
+void FaultSweepRun::Disarm() {
+  if (!open_) return;
+  open_ = false;
+  fired_ = injector_.counted_fault_fired();
+  for (FaultPoint p : AllFaultPoints()) {
+    calls_[static_cast<int>(p)] = points_.contains(p) ? injector_.calls(p) : 0;
+  }
+  injector_.Reset();
+}
+
+std::string FaultSweepRun::InjectedTag() const {
+  return absl::StrCat("[injected: counted failure at call ", call_, "]");
+}
+
+std::string FaultSweepRun::Name() const {
+  if (!point_) return "counting run";
+  return absl::StrCat(FaultPointName(*point_), " call ", call_);
+}
+
+absl::StatusOr<FaultSweepReport> SweepEveryCall(
+    FaultInjector& injector, FaultPointSet points,
+    const std::function<void(FaultSweepRun&)>& scenario) {
+  // Runs one run; false when the sweep must end after it.
+  auto run_one = [&](FaultSweepRun& run) {
+    injector.Reset();
+    scenario(run);
+    run.Disarm();
+    injector.Reset();  // calls after the window, too
+    return !run.stop_;
+  };
+  FaultSweepReport report;
+  FaultSweepRun counting(injector, points, std::nullopt, 0);
+  if (!run_one(counting)) {
+    return absl::AbortedError(
+        "the scenario stopped the sweep in its counting run");
+  }
+  report.calls = counting.calls_;
+  for (FaultPoint p : AllFaultPoints()) {
+    for (uint64_t n = 1; n <= report.calls[static_cast<int>(p)]; ++n) {
+      FaultSweepRun run(injector, points, p, n);
+      if (!run_one(run)) {
+        return absl::AbortedError(
+            absl::StrCat("the scenario stopped the sweep at ", run.Name()));
+      }
+      if (!run.fired_) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the run failing ", run.Name(),
+            " never made that call, although the counting run made ",
+            report.calls[static_cast<int>(p)], " ", FaultPointName(p),
+            " calls: the scenario's calls vary from run to run"));
+      }
+    }
+  }
+  return report;
 }
 
 }  // namespace tpushim

@@ -1,7 +1,9 @@
 // Fault injection: the `TPUSHIM_FAULTS` spec (CONTRACTS §7), the injector
 // that decides which call fails, an OS layer that fails those calls exactly
 // as the kernel would and tracks what stays mapped, locked, pinned or open,
-// and the counted-failure helper (seastar's with_allocation_failures).
+// and the counted-failure helpers (seastar's with_allocation_failures): one
+// that fails the n-th call across points until a run is clean, and a sweep
+// that fails every call of every point in turn.
 //
 // Spec grammar: `<point>:<rule>[;<point>:<rule>...]` where
 //   point = mmap | madvise | mlock | numa | alloc | dma | pin | log_open
@@ -214,6 +216,105 @@ absl::StatusOr<uint64_t> RunWithCountedFailures(
     FaultInjector& injector, FaultPointSet points,
     const std::function<void(uint64_t n)>& scenario,
     uint64_t max_runs = 100000);
+
+// ---- Fault sweeps -----------------------------------------------------------
+//
+// SweepEveryCall runs a scenario once to count the calls it makes at each
+// point within a window it opens and closes itself, then once more for
+// every one of those calls, with exactly that call failing: every point,
+// every call. Unlike RunWithCountedFailures, which counts across points,
+// it counts each point on its own, so the n-th call of a point is the same
+// call in every run even where threads interleave the calls of different
+// points — as long as the scenario makes the same calls at each point
+// every time, which an armed call that does not fire disproves.
+//
+//   absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
+//       injector, FaultPointSet::All(), [&](FaultSweepRun& run) {
+//         SetUp();
+//         run.Arm();
+//         absl::Status s = DoTheThing();
+//         run.Disarm();
+//         EXPECT_TRUE(s.ok() || run.point().has_value());
+//         ... no leak, nothing left mapped ...
+//       });
+//   std::cout << report->ToString();  // "3 points, 7 runs (mmap 4, ...)"
+
+// What a sweep covered.
+struct FaultSweepReport {
+  // Calls within the counting run's window, per point (0 for points not
+  // swept): each was failed in a run of its own.
+  std::array<uint64_t, kFaultPointCount> calls{};
+
+  // Points with at least one call.
+  int points() const;
+  // Runs that failed a call (the sum of `calls`); one more ran to count.
+  uint64_t failing_runs() const;
+  // "3 points, 7 runs (mmap 4, madvise 1, log_open 2)": points reached and
+  // failing runs, then the calls per point ("1 point, 1 run (pin 1)").
+  std::string ToString() const;
+};
+
+// One run of a sweep, as its scenario sees it: the counting run, or the
+// run that fails call `call()` of point `point()`.
+class FaultSweepRun {
+ public:
+  FaultSweepRun(const FaultSweepRun&) = delete;
+  FaultSweepRun& operator=(const FaultSweepRun&) = delete;
+
+  // Opens the window: the injector's counters restart, and in a failing
+  // run its call is armed. Calls before the window are neither counted nor
+  // failed. REQUIRES: no FaultInjector::Check runs concurrently (the
+  // scenario's threads are idle), as for FaultInjector::ArmNthAcross.
+  void Arm();
+  // Closes the window (the end of the scenario closes it otherwise): later
+  // calls are neither counted nor failed. Same REQUIRES as Arm.
+  void Disarm();
+  // Ends the sweep after this run (a scenario that found a violation);
+  // SweepEveryCall then returns ABORTED.
+  void StopSweep() { stop_ = true; }
+
+  // The point and call (from 1) this run fails; nullopt and 0 in the
+  // counting run.
+  std::optional<FaultPoint> point() const { return point_; }
+  uint64_t call() const { return call_; }
+  // What an injected failure of this run carries in its message:
+  // "[injected: counted failure at call <n>]" (see FaultInjector::Check).
+  std::string InjectedTag() const;
+  // "counting run" or "<point> call <n>", for test traces.
+  std::string Name() const;
+
+ private:
+  friend absl::StatusOr<FaultSweepReport> SweepEveryCall(
+      FaultInjector&, FaultPointSet,
+      const std::function<void(FaultSweepRun&)>&);
+  FaultSweepRun(FaultInjector& injector, FaultPointSet points,
+                std::optional<FaultPoint> point, uint64_t call)
+      : injector_(injector), points_(points), point_(point), call_(call) {}
+
+  FaultInjector& injector_;
+  const FaultPointSet points_;
+  const std::optional<FaultPoint> point_;
+  const uint64_t call_;
+  bool open_ = false;
+  bool fired_ = false;  // the armed call failed (set when the window closes)
+  bool stop_ = false;
+  // Calls per point within the window (set when the window closes).
+  std::array<uint64_t, kFaultPointCount> calls_{};
+};
+
+// Runs `scenario` once to count the calls at each point in `points` within
+// its window (FaultSweepRun::Arm .. Disarm), then, for each such point p
+// and n = 1 .. calls(p), once with the n-th call of p in the window
+// failing (FaultInjector::ArmNthAcross({p}, n)). The scenario must be
+// self-contained — set up, run, tear down and check its own invariants
+// each time. Leaves the injector Reset.
+//
+// Errors: FAILED_PRECONDITION, naming the run, when an armed call did not
+// fail (the run made fewer calls at that point than the counting run);
+// ABORTED when the scenario called StopSweep.
+absl::StatusOr<FaultSweepReport> SweepEveryCall(
+    FaultInjector& injector, FaultPointSet points,
+    const std::function<void(FaultSweepRun&)>& scenario);
 
 }  // namespace tpushim
 

@@ -156,8 +156,11 @@ class Os {
   // open(O_WRONLY|O_CREAT|O_TRUNC|O_NOFOLLOW|O_CLOEXEC, 0644). The caller
   // owns the descriptor and must Close() it.
   virtual absl::StatusOr<int> CreateOutputFile(const std::string& path) = 0;
-  // Writes all `size` bytes (retrying short writes and EINTR).
+  // Writes all `size` bytes (retrying short writes and EINTR). On error,
+  // the bytes before the failing write() stay written.
   virtual absl::Status WriteAll(int fd, const void* data, size_t size) = 0;
+  // ftruncate(2): cuts the open file `fd` to `length` bytes.
+  virtual absl::Status Truncate(int fd, uint64_t length) = 0;
   virtual absl::Status Close(int fd) = 0;
   // symlink(2): creates `link` pointing at `target` (which may be relative).
   virtual absl::Status Symlink(const std::string& target,
@@ -255,6 +258,9 @@ class OsWrapper : public Os {
   }
   absl::Status WriteAll(int fd, const void* data, size_t size) override {
     return target_->WriteAll(fd, data, size);
+  }
+  absl::Status Truncate(int fd, uint64_t length) override {
+    return target_->Truncate(fd, length);
   }
   absl::Status Close(int fd) override { return target_->Close(fd); }
   absl::Status Symlink(const std::string& target,

@@ -150,6 +150,9 @@ bool GlogFileSink::WriteLocked(absl::string_view data) {
   const absl::Status status =
       settings_.os->WriteAll(fd_, data.data(), data.size());
   if (!status.ok()) {
+    // A full disk takes what fits of the line: cut that off, so the file
+    // holds whole lines only and a later line does not continue a torn one.
+    (void)settings_.os->Truncate(fd_, bytes_);
     if (!write_failure_reported_) {
       write_failure_reported_ = true;
       WriteDiagnosticToStderr(

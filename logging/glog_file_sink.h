@@ -91,7 +91,7 @@ class GlogFileSink final : public spdlog::sinks::base_sink<std::mutex> {
   // Protected by base_sink::mutex_ (held by spdlog around sink_it_).
   int fd_ = -1;
   std::string path_;
-  uint64_t bytes_ = 0;
+  uint64_t bytes_ = 0;  // the file's size: what was written, whole lines
   // Stem of the last name tried and the next collision suffix for it.
   std::string last_stem_;
   uint64_t next_suffix_ = 0;

@@ -48,9 +48,10 @@
 //    one WARNING on stderr; creation is retried on the first message at
 //    least 60 s (Os::MonotonicNanos) after the failure, or at the next
 //    InitLogging.
-//  * A failed write (disk full) drops that line and counts it
-//    (FileWriteErrorCount); the first failure after a success writes one
-//    WARNING to stderr, and later lines are tried again as they come.
+//  * A failed write (disk full) drops that line — none of it stays in the
+//    file — and counts it (FileWriteErrorCount); the first failure after a
+//    success writes one WARNING to stderr, and later lines are tried again
+//    as they come.
 //
 // Diagnostics about logging itself (a directory fallback, a file that
 // cannot be created or written, a symlink that cannot be updated) are

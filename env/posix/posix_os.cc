@@ -377,6 +377,13 @@ class PosixOs final : public Os {
     return absl::OkStatus();
   }
 
+  absl::Status Truncate(int fd, uint64_t length) override {
+    if (ftruncate(fd, static_cast<off_t>(length)) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("ftruncate(", length, ")"));
+    }
+    return absl::OkStatus();
+  }
+
   absl::Status Close(int fd) override {
     if (close(fd) != 0 && errno != EINTR) return ErrnoStatus(errno, "close");
     return absl::OkStatus();

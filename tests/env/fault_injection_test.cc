@@ -9,6 +9,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
@@ -361,6 +362,95 @@ TEST(CountedFailuresTest, GivesUpAfterMaxRuns) {
       },
       /*max_runs=*/5);
   EXPECT_EQ(runs.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+TEST(SweepEveryCallTest, FailsEveryCallOfEveryPointInsideTheWindowOnce) {
+  FaultInjector injector;
+  FaultInjectingOs os(Os::Default(), &injector);
+  // Per run: which point and call failed, and what start-up returned.
+  std::vector<std::string> runs;
+  absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
+      injector, FaultPointSet::All(), [&](FaultSweepRun& run) {
+        // Outside the window: neither counted nor failed.
+        ASSERT_TRUE(MiniStartup(os).ok());
+        run.Arm();
+        const absl::Status inside = MiniStartup(os);
+        // Twice, so that mmap's second call comes after the first madvise.
+        const absl::Status again = MiniStartup(os);
+        run.Disarm();
+        ASSERT_TRUE(MiniStartup(os).ok());
+        const absl::Status& failed = inside.ok() ? again : inside;
+        runs.push_back(absl::StrCat(run.Name(), ": ",
+                                    absl::StatusCodeToString(failed.code())));
+        if (run.point()) {
+          EXPECT_THAT(failed.message(), HasSubstr(run.InjectedTag()));
+        }
+        EXPECT_EQ(os.mapped_bytes(), 0u);
+      });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->calls[static_cast<int>(FaultPoint::kMmap)], 2u);
+  EXPECT_EQ(report->calls[static_cast<int>(FaultPoint::kMadvise)], 2u);
+  EXPECT_EQ(report->calls[static_cast<int>(FaultPoint::kMlock)], 2u);
+  EXPECT_EQ(report->points(), 3);
+  EXPECT_EQ(report->failing_runs(), 6u);
+  EXPECT_EQ(report->ToString(), "3 points, 6 runs (mmap 2, madvise 2, mlock 2)");
+  EXPECT_EQ(runs, (std::vector<std::string>{
+                      "counting run: OK",
+                      "mmap call 1: RESOURCE_EXHAUSTED",
+                      "mmap call 2: RESOURCE_EXHAUSTED",
+                      "madvise call 1: RESOURCE_EXHAUSTED",
+                      "madvise call 2: RESOURCE_EXHAUSTED",
+                      "mlock call 1: RESOURCE_EXHAUSTED",
+                      "mlock call 2: RESOURCE_EXHAUSTED"}));
+  EXPECT_EQ(injector.total_calls(), 0u) << "the injector is left Reset";
+}
+
+TEST(SweepEveryCallTest, OnlyTheChosenPointsAreSwept) {
+  FaultInjector injector;
+  FaultInjectingOs os(Os::Default(), &injector);
+  int scenario_runs = 0;
+  absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
+      injector, {FaultPoint::kMlock}, [&](FaultSweepRun& run) {
+        ++scenario_runs;
+        run.Arm();
+        (void)MiniStartup(os);
+      });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->ToString(), "1 point, 1 run (mlock 1)");
+  EXPECT_EQ(scenario_runs, 2);
+}
+
+TEST(SweepEveryCallTest, ACallThatComesOnlyWhenCountedIsAnError) {
+  FaultInjector injector;
+  int run_number = 0;
+  absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
+      injector, FaultPointSet::All(), [&](FaultSweepRun& run) {
+        run.Arm();
+        // Two alloc calls in the counting run, one afterwards.
+        const int calls = ++run_number == 1 ? 2 : 1;
+        for (int i = 0; i < calls; ++i) {
+          (void)injector.Check(FaultPoint::kAlloc, RealEnomem);
+        }
+      });
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(report.status().message(), HasSubstr("alloc call 2"));
+}
+
+TEST(SweepEveryCallTest, ScenarioCanStopTheSweep) {
+  FaultInjector injector;
+  int scenario_runs = 0;
+  absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
+      injector, FaultPointSet::All(), [&](FaultSweepRun& run) {
+        ++scenario_runs;
+        run.Arm();
+        for (int i = 0; i < 5; ++i) {
+          (void)injector.Check(FaultPoint::kDma, RealEnomem);
+        }
+        if (run.call() == 2) run.StopSweep();
+      });
+  EXPECT_EQ(report.status().code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(report.status().message(), HasSubstr("dma call 2"));
+  EXPECT_EQ(scenario_runs, 3);
 }
 
 }  // namespace

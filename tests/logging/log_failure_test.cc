@@ -134,6 +134,8 @@ TEST_F(LogFailureTest, DiskFullDropsLinesWithOneWarningThenResumes) {
   os_.SetDiskFull(false);
   LOG(INFO) << "written after space is freed";
   ASSERT_TRUE(FlushLogs());
+  // Whole glog lines only: the halves the full disk took were cut off
+  // again, so none is left torn or joined to the next one.
   EXPECT_THAT(
       Messages(BodyLines(OnlyLogFile(dir_.path(), os_, Severity::kInfo))),
       ElementsAre("written before the disk fills",

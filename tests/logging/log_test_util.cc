@@ -1,10 +1,7 @@
 #include "tests/logging/log_test_util.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
-#include <stdio.h>
-#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -21,38 +18,6 @@
 #include "gtest/gtest.h"
 
 namespace tpushim::logging::log_test {
-
-StderrCapture::StderrCapture() {
-  char pattern[] = "/tmp/tpushim_stderr_XXXXXX";
-  const int fd = mkstemp(pattern);
-  if (fd < 0) {
-    ADD_FAILURE() << "mkstemp: " << strerror(errno);
-    return;
-  }
-  path_ = pattern;
-  fflush(stderr);
-  saved_fd_ = dup(STDERR_FILENO);
-  dup2(fd, STDERR_FILENO);
-  close(fd);
-}
-
-StderrCapture::~StderrCapture() {
-  if (saved_fd_ >= 0) {
-    fflush(stderr);
-    dup2(saved_fd_, STDERR_FILENO);
-    close(saved_fd_);
-  }
-  if (!path_.empty()) unlink(path_.c_str());
-}
-
-std::string StderrCapture::Contents() const {
-  fflush(stderr);
-  return ReadFile(path_);
-}
-
-std::vector<std::string> StderrCapture::Lines() const {
-  return SplitLines(Contents());
-}
 
 namespace {
 std::atomic<int> test_os_counter{0};
@@ -210,7 +175,10 @@ absl::Status TestOs::WriteAll(int fd, const void* data, size_t size) {
     Notification* release = nullptr;
     {
       MutexLock lock(&mu_);
-      if (disk_full_) return absl::ErrnoToStatus(ENOSPC, "write");
+      if (disk_full_) {
+        (void)OsWrapper::WriteAll(fd, data, size / 2);
+        return absl::ErrnoToStatus(ENOSPC, "write");
+      }
       std::swap(entered, block_entered_);
       std::swap(release, block_release_);
     }

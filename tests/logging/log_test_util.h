@@ -1,5 +1,6 @@
-// Helpers shared by the logging tests: a temporary directory, stderr
-// capture, a fake OS layer, and readers for log files and lines.
+// Helpers shared by the logging tests: a temporary directory and stderr
+// capture (from tests/testing/), a fake OS layer, and readers for log files
+// and lines.
 //
 // Thread-safety: TestOs is thread-safe (the log writer thread calls it while
 // the test changes its fakes); the other helpers belong to the test thread.
@@ -25,6 +26,7 @@
 #include "common/mutex.h"
 #include "env/os.h"
 #include "logging/log.h"
+#include "tests/testing/stderr_capture.h"
 #include "tests/testing/temp_dir.h"
 
 namespace tpushim::logging::log_test {
@@ -61,26 +63,8 @@ class Regex {
   bool compiled_ = false;
 };
 
+using ::tpushim::testutil::StderrCapture;
 using ::tpushim::testutil::TempDir;
-
-// Points fd 2 at a temporary file for its lifetime (dup/dup2), restoring
-// the original stderr on destruction.
-class StderrCapture {
- public:
-  StderrCapture();
-  StderrCapture(const StderrCapture&) = delete;
-  StderrCapture& operator=(const StderrCapture&) = delete;
-  ~StderrCapture();
-
-  // Everything written to fd 2 so far.
-  std::string Contents() const;
-  // Contents() split into lines.
-  std::vector<std::string> Lines() const;
-
- private:
-  int saved_fd_ = -1;
-  std::string path_;
-};
 
 // An Os over the real one with a fake identity (host "testhost", a user
 // name unique to this object, pid 4242, euid 0 unless set) and fakes for
@@ -109,7 +93,9 @@ class TestOs : public OsWrapper {
   void FailMakeDirectory(const std::string& path, absl::Status status);
   // Every Symlink fails with `status` (OK: real again).
   void FailSymlinks(absl::Status status);
-  // WriteAll to any descriptor but stderr fails with ENOSPC while set.
+  // While set, WriteAll to any descriptor but stderr fails with ENOSPC
+  // after writing the first half of its bytes, as a full disk takes what
+  // fits.
   void SetDiskFull(bool full);
   // The first WriteAll to a descriptor other than stderr notifies
   // `entered` and waits for `release` before writing. Both must outlive
