@@ -144,6 +144,14 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
               << logging::ActiveLogDirectory()
               << "\"); this system's logging settings are not applied";
   }
+  // CONTRACTS §1: every setting's resolved value and where it came from,
+  // once, at INFO (what `tpushim info` shows as a table).
+  std::vector<std::string> settings;
+  for (const OptionRow& row : DescribeOptions(options)) {
+    settings.push_back(absl::StrCat(row.name, "=", row.value, " (",
+                                    OptionSourceName(row.source), ")"));
+  }
+  LOG(INFO) << "tpushim configuration: " << absl::StrJoin(settings, ", ");
   for (const std::string& w : options.warnings) LOG(WARNING) << w;
 
   FaultInjector* injector = faults;

@@ -79,6 +79,27 @@ TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
   EXPECT_EQ((*system)->transfer_threshold_bytes(), 8 * kMiB);
 }
 
+TEST(SystemTest, LogsEverySettingWithItsSourceOnceBeforeTheStartupLines) {
+  ScopedTestLogging logs;
+  FixedEnvironmentOs os(Os::Default(), {{"TPUSHIM_LOG_KEEP", "7"}});
+  auto system = SystemFactory::Create(Small(), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  const std::string info = logs.File("INFO");
+  // CONTRACTS §1: the resolved value of every setting and its source.
+  ExpectInOrder(info, {"] tpushim configuration: "
+                       "TPU_PREMAPPED_BUFFER_SIZE=8388608 (api), ",
+                       "TPUSHIM_LOG_KEEP=7 (env), ",
+                       "TPUSHIM_HUGEPAGES=auto (default), ",
+                       "] TPU premapped buffer enabled. Size: 8388608"});
+  size_t lines = 0;
+  for (size_t at = info.find("] tpushim configuration: ");
+       at != std::string::npos;
+       at = info.find("] tpushim configuration: ", at + 1)) {
+    ++lines;
+  }
+  EXPECT_EQ(lines, 1u);
+}
+
 TEST(SystemTest, RoundTripThroughPinnedHostAndPageableMemory) {
   ScopedTestLogging logs;
   FixedEnvironmentOs os(Os::Default());
