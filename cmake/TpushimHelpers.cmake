@@ -15,18 +15,33 @@ function(tpushim_add_library name)
     $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>)
   target_compile_options(${name} PRIVATE ${TPUSHIM_WARNING_FLAGS})
   target_link_libraries(${name} PUBLIC ${ARG_DEPS})
+  if(TPUSHIM_FUZZ)
+    # Coverage feedback for the fuzz targets (fuzz/), which link these
+    # libraries. Every executable linking one gets a runtime defining the
+    # coverage callbacks: libFuzzer in a fuzz target (-fsanitize=fuzzer),
+    # the sanitizer runtime elsewhere, so the tests keep GoogleTest's main.
+    target_compile_options(${name} PRIVATE -fsanitize=fuzzer-no-link)
+    target_link_options(${name} INTERFACE -fsanitize=fuzzer-no-link)
+  endif()
 endfunction()
 
 # tpushim_add_test(NAME SRCS ... DEPS ... [LABELS ...])
-# A GoogleTest executable whose tests are registered one by one with CTest.
+# A GoogleTest executable whose tests are registered one by one with CTest
+# (label `concurrency` added when NAME is in TPUSHIM_CONCURRENCY_TESTS).
 function(tpushim_add_test name)
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS;LABELS" ${ARGN})
   add_executable(${name} ${ARG_SRCS})
   target_compile_options(${name} PRIVATE ${TPUSHIM_WARNING_FLAGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   set(properties TIMEOUT 300)
-  if(ARG_LABELS)
-    list(APPEND properties LABELS "${ARG_LABELS}")
+  set(labels ${ARG_LABELS})
+  # The ThreadSanitizer job (scripts/test.sh tsan) builds and runs only the
+  # suites listed in TPUSHIM_CONCURRENCY_TESTS (tests/CMakeLists.txt).
+  if(name IN_LIST TPUSHIM_CONCURRENCY_TESTS)
+    list(APPEND labels concurrency)
+  endif()
+  if(labels)
+    list(APPEND properties LABELS "${labels}")
   endif()
   gtest_discover_tests(${name} DISCOVERY_MODE PRE_TEST
     PROPERTIES ${properties})

@@ -75,9 +75,10 @@ target_link_options(tpushim_shared PRIVATE
   # Never unmapped by dlclose(): logging is process-wide and outlives every
   # System, with a writer thread and an atexit() flush running its code.
   "LINKER:-z,nodelete")
-# Every symbol resolved at link time — except in sanitizer builds, where
-# clang leaves the runtime's symbols to the executable.
-if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+# Every symbol resolved at link time — except in sanitizer and fuzzing
+# builds, where clang leaves the runtime's symbols (coverage callbacks
+# included) to the executable.
+if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize" AND NOT TPUSHIM_FUZZ)
   target_link_options(tpushim_shared PRIVATE "LINKER:--no-undefined")
 endif()
 

@@ -418,6 +418,14 @@ absl::StatusOr<HostBufferSemantics> ToSemantics(int32_t semantics,
   }
 }
 
+// c_api.h makes a transfer of 0 bytes INVALID_ARGUMENT; the C++ API, which
+// the adapter calls, accepts one (its event is ready at once).
+absl::Status CheckTransferSize(uint64_t size, absl::string_view function) {
+  if (size != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      function, ": args->size is 0; a transfer moves at least 1 byte"));
+}
+
 // ---- Errors (the table) -----------------------------------------------------
 
 void ErrorDestroy(TpuShim_Error* error) {
@@ -694,6 +702,7 @@ TpuShim_Error* TransferToDevice(TpuShim_Transfer_ToDevice_Args* args) {
       return absl::InvalidArgumentError(
           absl::StrCat(kFunction, ": args->src is NULL"));
     }
+    TPUSHIM_RETURN_IF_ERROR(CheckTransferSize(args->size, kFunction));
     TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
                              ToSemantics(args->semantics, kFunction));
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
@@ -718,6 +727,7 @@ TpuShim_Error* TransferFromDevice(TpuShim_Transfer_FromDevice_Args* args) {
       return absl::InvalidArgumentError(
           absl::StrCat(kFunction, ": args->dst is NULL"));
     }
+    TPUSHIM_RETURN_IF_ERROR(CheckTransferSize(args->size, kFunction));
     TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
                              ToSemantics(args->semantics, kFunction));
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
@@ -739,6 +749,7 @@ TpuShim_Error* TransferDeviceToDevice(
     constexpr absl::string_view kFunction = "Transfer_DeviceToDevice";
     TPUSHIM_CHECK_ARGS(args, kFunction,
                        TPUSHIM_TRANSFER_DEVICETODEVICE_ARGS_STRUCT_SIZE);
+    TPUSHIM_RETURN_IF_ERROR(CheckTransferSize(args->size, kFunction));
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
     TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer src,
                              GetDeviceBuffer(call, args->src));

@@ -11,12 +11,15 @@ bool GlobMatch(absl::string_view pattern, absl::string_view text) {
   size_t star = absl::string_view::npos;  // position of the last '*' seen
   size_t star_text = 0;                   // text position that '*' resumes at
   while (t < text.size()) {
-    if (p < pattern.size() && (pattern[p] == '?' || pattern[p] == text[t])) {
-      ++p;
-      ++t;
-    } else if (p < pattern.size() && pattern[p] == '*') {
+    // '*' first: a '*' in the text is matched by the pattern's '*' (which
+    // can backtrack), not taken as a literal.
+    if (p < pattern.size() && pattern[p] == '*') {
       star = p++;
       star_text = t;
+    } else if (p < pattern.size() &&
+               (pattern[p] == '?' || pattern[p] == text[t])) {
+      ++p;
+      ++t;
     } else if (star != absl::string_view::npos) {
       p = star + 1;
       t = ++star_text;

@@ -1113,6 +1113,37 @@ TEST_P(CApiConformanceTest, NullPointersAndBadValuesAreInvalidArgument) {
             TPUSHIM_CODE_INVALID_ARGUMENT);
 }
 
+// Found by fuzz/capi_sequence_fuzzer: a transfer of 0 bytes was accepted
+// and queued, although c_api.h makes size 0 INVALID_ARGUMENT.
+TEST_P(CApiConformanceTest, TransfersOfZeroBytesAreInvalidArgument) {
+  const TpuShim_System s = NewSystem();
+  const TpuShim_DeviceBuffer a = NewDevice(s, 4096);
+  const TpuShim_DeviceBuffer b = NewDevice(s, 4096);
+  std::vector<char> host(4096, 1);
+  for (const int32_t semantics :
+       {TPUSHIM_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL,
+        TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES}) {
+    EXPECT_EQ(
+        TryToDevice(s, host.data(), a, 0, 0, {}, nullptr, semantics).code,
+        TPUSHIM_CODE_INVALID_ARGUMENT);
+    EXPECT_EQ(
+        TryToDevice(s, host.data(), a, 4096, 0, {}, nullptr, semantics).code,
+        TPUSHIM_CODE_INVALID_ARGUMENT);
+  }
+  EXPECT_EQ(TryFromDevice(s, a, 0, host.data(), 0, {}, nullptr).code,
+            TPUSHIM_CODE_INVALID_ARGUMENT);
+  EXPECT_EQ(TryDeviceToDevice(s, a, b, 0, {}, nullptr).code,
+            TPUSHIM_CODE_INVALID_ARGUMENT);
+  // Nothing was queued.
+  TpuShim_Stats stats;
+  ASSERT_TRUE(Stats(s, &stats).ok());
+  EXPECT_EQ(stats.events_pending, 0u);
+  EXPECT_EQ(stats.device_to_device_transfers, 0u);
+  for (const auto& direction : stats.transfers) {
+    for (const uint64_t transfers : direction) EXPECT_EQ(transfers, 0u);
+  }
+}
+
 // ---- Devices, stats
 // ------------------------------------------------------------
 

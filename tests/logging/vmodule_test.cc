@@ -73,6 +73,17 @@ TEST(GlobMatchTest, MatchesLikeGlogVmodule) {
   }
 }
 
+// Found by fuzz/vmodule_fuzzer: a '*' in the text was taken as the literal
+// match of the pattern's '*', which then could not stretch any further.
+TEST(GlobMatchTest, StarMatchesTextContainingAStar) {
+  EXPECT_TRUE(GlobMatch("*", "*x"));
+  EXPECT_TRUE(GlobMatch("a*", "a*b"));
+  EXPECT_TRUE(GlobMatch("*b", "*ab"));
+  EXPECT_FALSE(GlobMatch("*b", "*a"));
+  EXPECT_TRUE(GlobMatch("premapped_*", "premapped_*=2,*=1"));
+  EXPECT_EQ(VmoduleLevel({{"premapped_*", 2}}, "dir/premapped_*x.cc"), 2);
+}
+
 TEST(VmoduleLevelTest, FirstEntryMatchingTheBaseNameWins) {
   struct Case {
     const char* name;
