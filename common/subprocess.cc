@@ -5,6 +5,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <spawn.h>
+#include <stdlib.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -78,6 +80,25 @@ std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
   }
   array.push_back(nullptr);
   return array;
+}
+
+// `env` plus the caller's sanitizer runtime options that `env` does not
+// set: in a sanitizer build the child is instrumented too, and a job's
+// settings (suppressions, halt_on_error, leak checking) must reach it.
+std::vector<std::string> WithSanitizerOptions(
+    const std::vector<std::string>& env) {
+  std::vector<std::string> out = env;
+  for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS",
+                           "TSAN_OPTIONS", "MSAN_OPTIONS"}) {
+    const char* value = getenv(name);
+    if (value == nullptr) continue;
+    const std::string prefix = absl::StrCat(name, "=");
+    const bool set = std::any_of(env.begin(), env.end(), [&](const auto& e) {
+      return absl::StartsWith(e, prefix);
+    });
+    if (!set) out.push_back(absl::StrCat(prefix, value));
+  }
+  return out;
 }
 
 absl::Status WaitForChild(pid_t pid, int* wait_status, rusage* usage) {
@@ -153,7 +174,8 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
   std::vector<std::string> argv_strings = {path};
   argv_strings.insert(argv_strings.end(), args.begin(), args.end());
   std::vector<char*> argv = CStringArray(argv_strings);
-  std::vector<char*> envp = CStringArray(env);
+  std::vector<std::string> env_strings = WithSanitizerOptions(env);
+  std::vector<char*> envp = CStringArray(env_strings);
 
   pid_t pid = 0;
   const int spawn_error =

@@ -3,9 +3,10 @@
 // and the end-to-end tests of the `tpushim` tool run the tool this way.
 //
 // The child is started with posix_spawn and an explicit envp: it inherits
-// no environment variable from the test, and the test process never calls
-// setenv. Its stdin is /dev/null; stdout and stderr are read through pipes,
-// concurrently, so neither can fill up and stall the child.
+// no environment variable from the caller (sanitizer options aside, see
+// RunSubprocess), and the caller never needs setenv. Its stdin is /dev/null;
+// stdout and stderr are read through pipes, concurrently, so neither can fill
+// up and stall the child.
 //
 //   absl::StatusOr<SubprocessResult> r = RunSubprocess(
 //       TPUSHIM_TOOL_PATH, {"info", "--json"},
@@ -41,7 +42,10 @@ struct SubprocessResult {
 };
 
 // Runs `path` with argv[0] = `path` followed by `args`, in the environment
-// `env` ("NAME=value" strings, nothing else), and waits for it to end.
+// `env` ("NAME=value" strings, nothing else but the caller's sanitizer
+// options ASAN_/LSAN_/UBSAN_/TSAN_/MSAN_OPTIONS that `env` does not set, so
+// that a sanitizer job's settings reach instrumented children), and waits
+// for it to end.
 //
 // Returns the result whatever the child's exit status. Errors: the status
 // of a failed pipe/posix_spawn/poll/waitpid (e.g. NOT_FOUND for a missing

@@ -3,6 +3,7 @@
 #include "tests/testing/subprocess.h"
 
 #include <signal.h>
+#include <stdlib.h>
 
 #include <string>
 
@@ -15,6 +16,7 @@ namespace tpushim::testutil {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 
 constexpr char kShell[] = "/bin/sh";
 
@@ -73,6 +75,30 @@ TEST(RunSubprocessTest, KillsAChildThatOutlivesTheTimeout) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("started"));
+}
+
+TEST(RunSubprocessTest, PassesOnTheCallersSanitizerOptionsOnly) {
+  // The one test here that sets a variable: a sanitizer option, saved and
+  // restored, since a sanitizer job sets them for the whole run.
+  const char* saved = getenv("UBSAN_OPTIONS");
+  const std::string saved_value = saved != nullptr ? saved : "";
+  ASSERT_EQ(setenv("UBSAN_OPTIONS", "print_stacktrace=1", 1), 0);
+  absl::StatusOr<SubprocessResult> inherited =
+      RunSubprocess("/usr/bin/env", {}, {"A=1"});
+  absl::StatusOr<SubprocessResult> overridden =
+      RunSubprocess("/usr/bin/env", {}, {"UBSAN_OPTIONS=halt_on_error=1"});
+  if (saved != nullptr) {
+    setenv("UBSAN_OPTIONS", saved_value.c_str(), 1);
+  } else {
+    unsetenv("UBSAN_OPTIONS");
+  }
+  ASSERT_TRUE(inherited.ok()) << inherited.status();
+  EXPECT_THAT(inherited->out, HasSubstr("A=1\n"));
+  EXPECT_THAT(inherited->out, HasSubstr("UBSAN_OPTIONS=print_stacktrace=1\n"));
+  EXPECT_THAT(inherited->out, Not(HasSubstr("PATH=")));
+  ASSERT_TRUE(overridden.ok()) << overridden.status();
+  EXPECT_THAT(overridden->out, HasSubstr("UBSAN_OPTIONS=halt_on_error=1\n"));
+  EXPECT_THAT(overridden->out, Not(HasSubstr("print_stacktrace")));
 }
 
 }  // namespace
