@@ -37,6 +37,25 @@
 // first ops % threads workers one more). What each operation meets (a full
 // region, an injected fault) may vary with timing when threads > 1.
 //
+// Record and replay (--record FILE, --replay FILE; the format is in
+// tools/stress_record.h): a worker takes a global sequence number just
+// before each operation's first call into the runtime (two operations
+// issued at the same moment may have reached it in the other order), and
+// the record keeps, in that order, every operation with its thread and every
+// parameter it was issued with, buffers and wait_for events named by the
+// operations that made them. A replay issues exactly those calls with
+// exactly those arguments on the recorded worker threads, one operation at
+// a time (a turnstile admits only the next sequence number), each after
+// the dependencies the recorded run had seen complete; its teardown frees
+// take their recorded turn too. That is deterministic as long as every
+// operation ends as recorded. Timing is not replayed: DMA completion, and
+// with it the results of timed awaits and which call a rate/nth/every rule
+// hits where the runtime reaches a fault point on its own threads or a
+// timing-dependent number of times (dma, staging allocations, shared pins).
+// An operation that ends differently is counted ("diverged") and the first
+// named; later ones may then find a buffer or event missing, and are
+// skipped or issued without it. The invariants are checked as in any run.
+//
 // Thread-safety: single-threaded entry point (it starts and joins its own
 // threads).
 
@@ -60,6 +79,10 @@ namespace tpushim::tools {
 //                      else 64M)
 //   --threshold B      transfer threshold (default: the variable, else 4M
 //                      when the region is the stress default)
+//   --record FILE      write the record of the run to FILE at its end
+//   --replay FILE      replay FILE with its configuration (excludes --ops,
+//                      --seconds, --threads, --seed, --faults,
+//                      --region-bytes, --threshold; and --record)
 //   --json / --csv     machine-readable output instead of tables
 //   --no-progress      no progress bar (there is none when stderr is not a
 //                      terminal anyway)
@@ -68,7 +91,11 @@ namespace tpushim::tools {
 // Exit status: kExitOk when no invariant was violated (expected failures
 // included, a cleanly failed start-up under --faults too); kExitFailure on
 // any violation (the seed and the smallest reproduction command are
-// printed); kExitUsage for a bad command line or invalid configuration.
+// printed; with --record also the replay command), or when the record
+// could not be written; kExitUsage for a bad command line or invalid
+// configuration, a record file that cannot be created, or a --replay file
+// that cannot be read or is malformed, truncated or of another format
+// version.
 //
 // The --json object (ordered):
 //   {"seed", "ops", "threads", "seconds", "ops_per_second", "faults",
@@ -80,7 +107,12 @@ namespace tpushim::tools {
 //    "paths": {"h2d"|"d2h": {"zero_copy", "staged", "pinned"}, "d2d"},
 //    "teardown": {"checked", "failures": [...]},
 //    "violations": [{"thread", "op_index", "op", "message"}],
-//    "reproduce"}
+//    "reproduce",
+//    "record": null | {"mode": "record" | "replay", "file", "lines",
+//                      "tpushim", "replay", "diverged",
+//                      "first_divergence": null | {"seq", "thread",
+//                          "op_index", "op", "recorded", "replayed"},
+//                      "error"}}
 // <op> is one of alloc_pinned, free_pinned, alloc_device, free_device,
 // h2d, d2h, d2d, chain, await; an operation's code is the status of its
 // call, or of its event once ready (for a chain, the final d2h's), or
@@ -89,10 +121,16 @@ namespace tpushim::tools {
 // status the runtime returned or an event carried, once each.
 // "reproduce" is a command line that reruns the run, or, after a
 // violation, the shortest prefix of it that reaches the first violation.
+// "record" is null without --record and --replay; "lines" counts the
+// record's lines after its header, "tpushim" is the version that recorded
+// it, "replay" the command that replays it, "diverged" (replay) the
+// operations whose result differs from the recorded one, timed awaits
+// aside, and "error" (record) why the file could not be written.
 //
 // --csv writes `section,name,code,count` rows: section "by_op" (name = the
 // op, code = a code or "count" for the total) and "by_code" (name empty),
-// then "summary" rows (name = ops, violations, bytes_verified, ...).
+// then "summary" rows (name = ops, violations, bytes_verified, ...;
+// diverged when replaying).
 void RegisterStressCommand(CLI::App& app, CommandContext& context);
 
 }  // namespace tpushim::tools

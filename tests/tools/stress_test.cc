@@ -89,12 +89,27 @@ TEST_F(StressTest, JsonFieldNamesAreExact) {
   Json j = RunJson({"--ops", "200", "--threads", "2", "--seed", "1"});
   std::vector<std::string> keys;
   for (const auto& [k, v] : j.items()) keys.push_back(k);
-  EXPECT_EQ(keys, (std::vector<std::string>{
-                      "seed", "ops", "threads", "seconds", "ops_per_second",
-                      "faults", "device", "region_bytes", "threshold_bytes",
-                      "startup", "by_op", "by_code", "bytes_verified",
-                      "transfers_verified", "callbacks", "paths", "teardown",
-                      "violations", "reproduce"}));
+  const std::vector<std::string> expected_keys = {"seed",
+                                                  "ops",
+                                                  "threads",
+                                                  "seconds",
+                                                  "ops_per_second",
+                                                  "faults",
+                                                  "device",
+                                                  "region_bytes",
+                                                  "threshold_bytes",
+                                                  "startup",
+                                                  "by_op",
+                                                  "by_code",
+                                                  "bytes_verified",
+                                                  "transfers_verified",
+                                                  "callbacks",
+                                                  "paths",
+                                                  "teardown",
+                                                  "violations",
+                                                  "reproduce",
+                                                  "record"};
+  EXPECT_EQ(keys, expected_keys);
   std::vector<std::string> ops;
   uint64_t total = 0;
   for (const auto& [k, v] : j["by_op"].items()) {
@@ -112,6 +127,7 @@ TEST_F(StressTest, JsonFieldNamesAreExact) {
   EXPECT_EQ(j["device"], "sim://?devices=2&hbm=256M");
   EXPECT_EQ(j["region_bytes"], 64u << 20);
   EXPECT_EQ(j["threshold_bytes"], 4u << 20);
+  EXPECT_EQ(j["record"], nullptr);  // neither --record nor --replay
 }
 
 TEST_F(StressTest, SameSeedSameOperations) {
@@ -215,6 +231,8 @@ TEST_F(StressTest, HelpHasExamples) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_THAT(r.out, HasSubstr("Examples:"));
   EXPECT_THAT(r.out, HasSubstr("sim://?devices=2&hbm=256M"));
+  EXPECT_THAT(r.out, HasSubstr("--record FILE"));
+  EXPECT_THAT(r.out, HasSubstr("tpushim stress --replay run.jsonl"));
 }
 
 }  // namespace
