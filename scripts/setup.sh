@@ -8,6 +8,11 @@ packages=(
   libabsl-dev libspdlog-dev libfmt-dev libnuma-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   libcli11-dev nlohmann-json3-dev libxxhash-dev
+  # The sanitizer and fuzzing jobs of scripts/test.sh (clang, its sanitizer
+  # and libFuzzer runtimes, llvm-symbolizer for readable reports).
+  clang libclang-rt-14-dev llvm
+  # `tpushim tune --plot`.
+  gnuplot-nox
 )
 
 if [[ "$(id -u)" -eq 0 ]]; then
