@@ -18,7 +18,8 @@ namespace tpushim {
 namespace {
 
 constexpr std::array<absl::string_view, kFaultPointCount> kPointNames = {
-    "mmap", "madvise", "mlock", "numa", "alloc", "dma", "pin", "log_open"};
+    "mmap", "madvise", "mlock",    "numa", "alloc",
+    "dma",  "pin",     "log_open", "vfio", "iommu"};
 
 // SplitMix64: a well-mixed 64-bit value from (seed, call number), so the
 // decision for call n does not depend on the calls that came before it.
@@ -167,7 +168,8 @@ const std::array<FaultPoint, kFaultPointCount>& AllFaultPoints() {
   static constexpr std::array<FaultPoint, kFaultPointCount> kAll = {
       FaultPoint::kMmap, FaultPoint::kMadvise, FaultPoint::kMlock,
       FaultPoint::kNuma, FaultPoint::kAlloc,   FaultPoint::kDma,
-      FaultPoint::kPin,  FaultPoint::kLogOpen};
+      FaultPoint::kPin,  FaultPoint::kLogOpen, FaultPoint::kVfio,
+      FaultPoint::kIommu};
   return kAll;
 }
 
@@ -478,6 +480,42 @@ absl::StatusOr<int> FaultInjectingOs::CreateLogFile(const std::string& path) {
 absl::StatusOr<int> FaultInjectingOs::CreateOutputFile(
     const std::string& path) {
   absl::StatusOr<int> fd = OsWrapper::CreateOutputFile(path);
+  if (fd.ok()) {
+    MutexLock lock(&mu_);
+    open_fds_.insert(*fd);
+  }
+  return fd;
+}
+
+absl::StatusOr<int> FaultInjectingOs::OpenDevice(const std::string& path,
+                                                 int flags) {
+  absl::StatusOr<int> fd = OsWrapper::OpenDevice(path, flags);
+  if (fd.ok()) {
+    MutexLock lock(&mu_);
+    open_fds_.insert(*fd);
+  }
+  return fd;
+}
+
+absl::StatusOr<int> FaultInjectingOs::Ioctl(int fd, unsigned long request,
+                                            void* arg, const char* name) {
+  if (faults_ != nullptr) {
+    absl::Status injected = faults_->Check(FaultPoint::kVfio, [&] {
+      return RealOsFailure(EIO, absl::StrCat("ioctl(", name, ")"));
+    });
+    if (!injected.ok()) return injected;
+  }
+  absl::StatusOr<int> r = OsWrapper::Ioctl(fd, request, arg, name);
+  // VFIO_GROUP_GET_DEVICE_FD returns a descriptor the caller must close.
+  if (r.ok() && absl::string_view(name) == "VFIO_GROUP_GET_DEVICE_FD") {
+    MutexLock lock(&mu_);
+    open_fds_.insert(*r);
+  }
+  return r;
+}
+
+absl::StatusOr<int> FaultInjectingOs::CreateEventFd() {
+  absl::StatusOr<int> fd = OsWrapper::CreateEventFd();
   if (fd.ok()) {
     MutexLock lock(&mu_);
     open_fds_.insert(*fd);

@@ -7,6 +7,7 @@
 //
 // Spec grammar: `<point>:<rule>[;<point>:<rule>...]` where
 //   point = mmap | madvise | mlock | numa | alloc | dma | pin | log_open
+//           | vfio | iommu
 //   rule  = nth=<k> | every=<k> | rate=<p>,seed=<s>     (k >= 1, 0 <= p <= 1)
 //           optionally followed by `,code=<absl code name>`
 // e.g. `mmap:nth=1;dma:rate=0.01,seed=7,code=UNAVAILABLE`.
@@ -58,8 +59,15 @@ enum class FaultPoint : int {
   kDma,
   kPin,
   kLogOpen,
+  // Every VFIO ioctl (Os::Ioctl): the container, group and device set-up,
+  // IOMMU mappings, interrupts and resets of vfio:// devices.
+  kVfio,
+  // Checked once per DMA command by vfio:// devices: a firing call points
+  // the command at an IOVA nothing is mapped at, so the IOMMU blocks the
+  // device's DMA for real and the command fails.
+  kIommu,
 };
-inline constexpr int kFaultPointCount = 8;
+inline constexpr int kFaultPointCount = 10;
 
 // "mmap", "madvise", ... as written in specs.
 absl::string_view FaultPointName(FaultPoint point);
@@ -182,6 +190,10 @@ class FaultInjectingOs : public OsWrapper {
   absl::StatusOr<int> CreateLogFile(const std::string& path) override;
   absl::StatusOr<int> CreateOutputFile(const std::string& path) override;
   absl::Status Close(int fd) override;
+  absl::StatusOr<int> OpenDevice(const std::string& path, int flags) override;
+  absl::StatusOr<int> Ioctl(int fd, unsigned long request, void* arg,
+                            const char* name) override;
+  absl::StatusOr<int> CreateEventFd() override;
 
   uint64_t mapped_bytes() const;
   uint64_t locked_bytes() const;

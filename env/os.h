@@ -171,6 +171,37 @@ class Os {
   // Names in `path` other than "." and "..", in no particular order.
   virtual absl::StatusOr<std::vector<std::string>> ListDirectory(
       const std::string& path) = 0;
+  // readlink(2): the target of the symbolic link `path`.
+  virtual absl::StatusOr<std::string> ReadLink(const std::string& path) = 0;
+
+  // ---- Devices (VFIO) ----------------------------------------------------
+
+  // open(2) of a device node such as /dev/vfio/12, with O_CLOEXEC added.
+  // The caller owns the descriptor and must Close() it.
+  virtual absl::StatusOr<int> OpenDevice(const std::string& path,
+                                         int flags) = 0;
+  // ioctl(2). Returns its non-negative result (a new descriptor for
+  // VFIO_GROUP_GET_DEVICE_FD, which the caller must Close()). `name` names
+  // the request in the error, e.g. "VFIO_IOMMU_MAP_DMA" (fault point
+  // `vfio` in FaultInjectingOs).
+  virtual absl::StatusOr<int> Ioctl(int fd, unsigned long request, void* arg,
+                                    const char* name) = 0;
+  // pread(2)/pwrite(2) of exactly `size` bytes at `offset` (retrying short
+  // transfers and EINTR); OUT_OF_RANGE when the file ends first.
+  virtual absl::Status PreadAll(int fd, void* data, size_t size,
+                                uint64_t offset) = 0;
+  virtual absl::Status PwriteAll(int fd, const void* data, size_t size,
+                                 uint64_t offset) = 0;
+  // eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK). The caller must Close() it.
+  virtual absl::StatusOr<int> CreateEventFd() = 0;
+  // Adds 1 to an eventfd's counter (wakes its readers).
+  virtual absl::Status SignalEventFd(int fd) = 0;
+  // Reads and clears an eventfd's counter: 0 when it was 0.
+  virtual absl::StatusOr<uint64_t> DrainEventFd(int fd) = 0;
+  // poll(2) for readability of `fds` for up to `timeout_ms` (-1: forever).
+  // Returns the index in `fds` of one that is readable, or -1 on timeout.
+  virtual absl::StatusOr<int> WaitReadable(const std::vector<int>& fds,
+                                           int timeout_ms) = 0;
 };
 
 // Forwards every call to `target`, which must outlive the wrapper. Subclass
@@ -276,6 +307,37 @@ class OsWrapper : public Os {
   absl::StatusOr<std::vector<std::string>> ListDirectory(
       const std::string& path) override {
     return target_->ListDirectory(path);
+  }
+  absl::StatusOr<std::string> ReadLink(const std::string& path) override {
+    return target_->ReadLink(path);
+  }
+  absl::StatusOr<int> OpenDevice(const std::string& path, int flags) override {
+    return target_->OpenDevice(path, flags);
+  }
+  absl::StatusOr<int> Ioctl(int fd, unsigned long request, void* arg,
+                            const char* name) override {
+    return target_->Ioctl(fd, request, arg, name);
+  }
+  absl::Status PreadAll(int fd, void* data, size_t size,
+                        uint64_t offset) override {
+    return target_->PreadAll(fd, data, size, offset);
+  }
+  absl::Status PwriteAll(int fd, const void* data, size_t size,
+                         uint64_t offset) override {
+    return target_->PwriteAll(fd, data, size, offset);
+  }
+  absl::StatusOr<int> CreateEventFd() override {
+    return target_->CreateEventFd();
+  }
+  absl::Status SignalEventFd(int fd) override {
+    return target_->SignalEventFd(fd);
+  }
+  absl::StatusOr<uint64_t> DrainEventFd(int fd) override {
+    return target_->DrainEventFd(fd);
+  }
+  absl::StatusOr<int> WaitReadable(const std::vector<int>& fds,
+                                   int timeout_ms) override {
+    return target_->WaitReadable(fds, timeout_ms);
   }
 
  private:

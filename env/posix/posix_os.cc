@@ -5,9 +5,12 @@
 #include <fcntl.h>
 #include <numa.h>
 #include <numaif.h>
+#include <poll.h>
 #include <pwd.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -427,6 +430,119 @@ class PosixOs final : public Os {
     closedir(dir);
     if (err != 0) return ErrnoStatus(err, absl::StrCat("readdir(", path, ")"));
     return names;
+  }
+
+  absl::StatusOr<std::string> ReadLink(const std::string& path) override {
+    std::string target(256, '\0');
+    while (true) {
+      const ssize_t n = readlink(path.c_str(), target.data(), target.size());
+      if (n < 0)
+        return ErrnoStatus(errno, absl::StrCat("readlink(", path, ")"));
+      if (static_cast<size_t>(n) < target.size()) {
+        target.resize(static_cast<size_t>(n));
+        return target;
+      }
+      target.resize(target.size() * 2);
+    }
+  }
+
+  absl::StatusOr<int> OpenDevice(const std::string& path, int flags) override {
+    const int fd = open(path.c_str(), flags | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+    return fd;
+  }
+
+  absl::StatusOr<int> Ioctl(int fd, unsigned long request, void* arg,
+                            const char* name) override {
+    int r;
+    do {
+      r = ioctl(fd, request, arg);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) return ErrnoStatus(errno, absl::StrCat("ioctl(", name, ")"));
+    return r;
+  }
+
+  absl::Status PreadAll(int fd, void* data, size_t size,
+                        uint64_t offset) override {
+    char* p = static_cast<char*>(data);
+    while (size > 0) {
+      const ssize_t n = pread(fd, p, size, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return ErrnoStatus(
+            errno, absl::StrCat("pread(", size, " bytes at ", offset, ")"));
+      }
+      if (n == 0) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "pread(", size, " bytes at ", offset, "): the file ends first"));
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+      offset += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status PwriteAll(int fd, const void* data, size_t size,
+                         uint64_t offset) override {
+    const char* p = static_cast<const char*>(data);
+    while (size > 0) {
+      const ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) {
+        return ErrnoStatus(
+            errno, absl::StrCat("pwrite(", size, " bytes at ", offset, ")"));
+      }
+      if (n == 0) {
+        return absl::OutOfRangeError(absl::StrCat(
+            "pwrite(", size, " bytes at ", offset, "): the file ends first"));
+      }
+      p += n;
+      size -= static_cast<size_t>(n);
+      offset += static_cast<uint64_t>(n);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int> CreateEventFd() override {
+    const int fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (fd < 0) return ErrnoStatus(errno, "eventfd");
+    return fd;
+  }
+
+  absl::Status SignalEventFd(int fd) override {
+    const uint64_t one = 1;
+    while (write(fd, &one, sizeof(one)) < 0) {
+      if (errno != EINTR) return ErrnoStatus(errno, "write(eventfd)");
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<uint64_t> DrainEventFd(int fd) override {
+    uint64_t value = 0;
+    while (read(fd, &value, sizeof(value)) < 0) {
+      if (errno == EAGAIN) return 0;
+      if (errno != EINTR) return ErrnoStatus(errno, "read(eventfd)");
+    }
+    return value;
+  }
+
+  absl::StatusOr<int> WaitReadable(const std::vector<int>& fds,
+                                   int timeout_ms) override {
+    std::vector<pollfd> polled(fds.size());
+    for (size_t i = 0; i < fds.size(); ++i) {
+      polled[i] = pollfd{.fd = fds[i], .events = POLLIN, .revents = 0};
+    }
+    while (true) {
+      const int n = poll(polled.data(), polled.size(), timeout_ms);
+      if (n < 0 && errno == EINTR) continue;
+      if (n < 0) return ErrnoStatus(errno, "poll");
+      if (n == 0) return -1;
+      for (size_t i = 0; i < polled.size(); ++i) {
+        if (polled[i].revents != 0) return static_cast<int>(i);
+      }
+      return -1;
+    }
   }
 
  private:

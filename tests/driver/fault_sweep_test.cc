@@ -19,6 +19,7 @@
 // "fault sweep <phase>: <points> points, <runs> runs (<point> <calls>, ...)",
 // and records it as a test property.
 
+#include <cerrno>
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -93,7 +94,10 @@ absl::StatusCode InjectedCode(FaultPoint point) {
     case FaultPoint::kLogOpen:
       return absl::StatusCode::kPermissionDenied;
     case FaultPoint::kDma:
+    case FaultPoint::kIommu:  // vfio:// only: the device's transfer error
       return absl::StatusCode::kInternal;
+    case FaultPoint::kVfio:  // vfio:// only: ioctl's EIO
+      return absl::ErrnoToStatusCode(EIO);
     case FaultPoint::kMmap:
     case FaultPoint::kMadvise:
     case FaultPoint::kMlock:
