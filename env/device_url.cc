@@ -11,6 +11,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
@@ -21,8 +22,9 @@ namespace {
 
 constexpr absl::string_view kDigits = "0123456789";
 constexpr absl::string_view kSimScheme = "sim://";
+constexpr absl::string_view kVfioScheme = "vfio://";
 // What the "unsupported scheme" message offers instead.
-constexpr absl::string_view kSupportedSchemes = "sim://";
+constexpr absl::string_view kSupportedSchemes = "sim://, vfio://";
 
 constexpr uint64_t kMinHbmBytes = uint64_t{1} << 20;
 constexpr uint64_t kMaxHbmBytes = uint64_t{1} << 40;
@@ -98,30 +100,95 @@ absl::Status SetDmaEngines(absl::string_view value, DeviceUrl& url) {
   return absl::OkStatus();
 }
 
-// The query parameters of sim://, in the order the header documents them.
-struct SimParameter {
+absl::Status SetEngine(absl::string_view value, DeviceUrl& url) {
+  if (value != "nvme") {
+    return InvalidValueError("engine", value,
+                             "is not a known engine; known engines: nvme");
+  }
+  url.engine = DeviceUrl::Engine::kNvme;
+  return absl::OkStatus();
+}
+
+absl::Status SetD2d(absl::string_view value, DeviceUrl& url) {
+  if (value == "auto") {
+    url.d2d = DeviceUrl::D2d::kAuto;
+  } else if (value == "copy") {
+    url.d2d = DeviceUrl::D2d::kCopy;
+  } else if (value == "bounce") {
+    url.d2d = DeviceUrl::D2d::kBounce;
+  } else {
+    return InvalidValueError("d2d", value, "is not one of auto, copy, bounce");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetIrq(absl::string_view value, DeviceUrl& url) {
+  if (value == "msix") {
+    url.irq = DeviceUrl::Irq::kMsix;
+  } else if (value == "poll") {
+    url.irq = DeviceUrl::Irq::kPoll;
+  } else {
+    return InvalidValueError("irq", value, "is not one of msix, poll");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status SetQueueDepth(absl::string_view value, DeviceUrl& url) {
+  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t depth,
+                           ParseDecimal(value, "queue_depth", 2, 4096));
+  url.queue_depth = static_cast<uint32_t>(depth);
+  return absl::OkStatus();
+}
+
+// The query parameters of each scheme, in the order the header documents
+// them.
+struct UrlParameter {
   absl::string_view name;
   absl::Status (*set)(absl::string_view value, DeviceUrl& url);
 };
-constexpr SimParameter kSimParameters[] = {
+constexpr UrlParameter kSimParameters[] = {
     {"devices", SetDevices},        {"hbm", SetHbm},
     {"link_gbps", SetLinkGbps},     {"latency_us", SetLatencyUs},
     {"dma_engines", SetDmaEngines},
 };
+constexpr UrlParameter kVfioParameters[] = {
+    {"engine", SetEngine},
+    {"d2d", SetD2d},
+    {"irq", SetIrq},
+    {"queue_depth", SetQueueDepth},
+};
 
-const SimParameter* FindSimParameter(absl::string_view name) {
-  for (const SimParameter& parameter : kSimParameters) {
+template <size_t N>
+const UrlParameter* FindParameter(const UrlParameter (&table)[N],
+                                  absl::string_view name) {
+  for (const UrlParameter& parameter : table) {
     if (parameter.name == name) return &parameter;
   }
   return nullptr;
 }
 
-std::string SimParameterNames() {
-  return absl::StrJoin(kSimParameters, ", ",
-                       [](std::string* out, const SimParameter& parameter) {
-                         out->append(parameter.name.data(),
-                                     parameter.name.size());
-                       });
+template <size_t N>
+std::string ParameterNames(const UrlParameter (&table)[N]) {
+  return absl::StrJoin(
+      table, ", ", [](std::string* out, const UrlParameter& parameter) {
+        out->append(parameter.name.data(), parameter.name.size());
+      });
+}
+
+bool ParseHexField(absl::string_view text, size_t digits, uint32_t max,
+                   uint32_t* out) {
+  if (text.empty() || text.size() > digits ||
+      text.find_first_not_of("0123456789abcdefABCDEF") != text.npos) {
+    return false;
+  }
+  uint32_t value = 0;
+  for (char c : text) {
+    value = value * 16 +
+            static_cast<uint32_t>(c <= '9' ? c - '0' : (c | 0x20) - 'a' + 10);
+  }
+  if (value > max) return false;
+  *out = value;
+  return true;
 }
 
 absl::Status UnsupportedScheme(absl::string_view url) {
@@ -207,11 +274,27 @@ absl::StatusOr<uint64_t> ParseByteSize(absl::string_view text,
 }
 
 absl::StatusOr<DeviceUrl> ParseDeviceUrl(absl::string_view url) {
-  if (!absl::StartsWith(url, kSimScheme)) return UnsupportedScheme(url);
+  const bool sim = absl::StartsWith(url, kSimScheme);
+  const bool vfio = absl::StartsWith(url, kVfioScheme);
+  if (!sim && !vfio) return UnsupportedScheme(url);
+  const absl::string_view scheme = sim ? kSimScheme : kVfioScheme;
   DeviceUrl result;
   result.text = std::string(url);
-  const absl::string_view rest = url.substr(kSimScheme.size());
-  if (rest.empty()) return result;
+  absl::string_view rest = url.substr(scheme.size());
+  if (vfio) {
+    result.scheme = DeviceUrl::Scheme::kVfio;
+    const absl::string_view address = rest.substr(0, rest.find('?'));
+    TPUSHIM_ASSIGN_OR_RETURN(result.pci_address, PciAddress::Parse(address));
+    rest.remove_prefix(address.size());
+  }
+  if (rest.empty()) {
+    if (vfio) {
+      return absl::InvalidArgumentError(
+          "vfio:// needs ?engine=<engine>: the driver of the device's class; "
+          "known engines: nvme");
+    }
+    return result;
+  }
   if (rest.front() != '?') {
     return absl::InvalidArgumentError(absl::StrCat(
         "sim:// takes no host or path, only ?<name>=<value>&...; found \"",
@@ -223,30 +306,64 @@ absl::StatusOr<DeviceUrl> ParseDeviceUrl(absl::string_view url) {
        absl::StrSplit(rest.substr(1), '&')) {
     if (parameter.empty()) {
       return absl::InvalidArgumentError(
-          "sim:// has an empty parameter (a stray '?' or '&')");
+          absl::StrCat(scheme, " has an empty parameter (a stray '?' or '&')"));
     }
     const size_t equals = parameter.find('=');
     if (equals == parameter.npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sim:// parameter \"", parameter,
+          absl::StrCat(scheme, " parameter \"", parameter,
                        "\" has no value; expected <name>=<value>"));
     }
     const absl::string_view name = parameter.substr(0, equals);
-    const SimParameter* known = FindSimParameter(name);
+    const UrlParameter* known = sim ? FindParameter(kSimParameters, name)
+                                    : FindParameter(kVfioParameters, name);
     if (known == nullptr) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown sim:// parameter \"", parameter,
-                       "\"; known parameters: ", SimParameterNames()));
+          absl::StrCat("unknown ", scheme, " parameter \"", parameter,
+                       "\"; known parameters: ",
+                       sim ? ParameterNames(kSimParameters)
+                           : ParameterNames(kVfioParameters)));
     }
     const auto [earlier, first] = seen.emplace(name, parameter);
     if (!first) {
       return absl::InvalidArgumentError(
-          absl::StrCat("sim:// parameter ", name, " is given twice: \"",
+          absl::StrCat(scheme, " parameter ", name, " is given twice: \"",
                        earlier->second, "\" and \"", parameter, "\""));
     }
     TPUSHIM_RETURN_IF_ERROR(known->set(parameter.substr(equals + 1), result));
   }
+  if (vfio && !seen.contains("engine")) {
+    return absl::InvalidArgumentError(
+        "vfio:// needs engine=<engine>: the driver of the device's class; "
+        "known engines: nvme");
+  }
   return result;
+}
+
+absl::StatusOr<PciAddress> PciAddress::Parse(absl::string_view text) {
+  const auto invalid = [&] {
+    return InvalidValueError(
+        "PCI address", text,
+        "is not a PCI function address: expected DDDD:BB:DD.F or BB:DD.F in "
+        "hexadecimal, e.g. 0000:01:00.0");
+  };
+  std::vector<absl::string_view> parts = absl::StrSplit(text, ':');
+  if (parts.size() == 2) parts.insert(parts.begin(), "0000");
+  if (parts.size() != 3) return invalid();
+  std::vector<absl::string_view> dev_fn = absl::StrSplit(parts[2], '.');
+  if (dev_fn.size() != 2) return invalid();
+  PciAddress a;
+  if (!ParseHexField(parts[0], 4, 0xffff, &a.domain) ||
+      !ParseHexField(parts[1], 2, 0xff, &a.bus) ||
+      !ParseHexField(dev_fn[0], 2, 0x1f, &a.device) ||
+      !ParseHexField(dev_fn[1], 1, 7, &a.function)) {
+    return invalid();
+  }
+  return a;
+}
+
+std::string PciAddress::ToString() const {
+  return absl::StrFormat("%04x:%02x:%02x.%x", domain, bus, device, function);
 }
 
 std::string WithUrlParameter(absl::string_view url, absl::string_view name,

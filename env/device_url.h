@@ -2,6 +2,7 @@
 //
 //   sim://                                   one simulated device, 16G HBM
 //   sim://?devices=4&hbm=8G&link_gbps=25&latency_us=2&dma_engines=2
+//   vfio://0000:01:00.0?engine=nvme          a PCI function bound to vfio-pci
 //
 // Query parameters of sim://:
 //   devices=N       1 .. 64                      (default 1)
@@ -10,6 +11,14 @@
 //   link_gbps=F     >= 0, 0 = unthrottled           (default 0)
 //   latency_us=F    >= 0                            (default 0)
 //   dma_engines=N   1 .. 64 per direction           (default 1)
+//
+// Query parameters of vfio://<pci address> (docs/vfio.md):
+//   engine=nvme     required: the driver of the device's class
+//   d2d=auto|copy|bounce   device-to-device by NVMe Copy, or by Read+Write
+//                   through a bounce buffer (auto: Copy when supported)
+//   irq=msix|poll   completions by MSI-X interrupts or by polling
+//                   (default msix; polling when the device has no MSI-X)
+//   queue_depth=N   2 .. 4096 commands per I/O queue    (default 256)
 //
 // Parsing is strict: the URL starts with exactly `sim://` (lower case),
 // nothing stands between `//` and the optional `?<name>=<value>&...`, and
@@ -40,14 +49,41 @@
 
 namespace tpushim {
 
+// A PCI function address, "DDDD:BB:DD.F" (the domain may be left out:
+// "01:00.0" is domain 0), hexadecimal as `lspci -D` prints it.
+struct PciAddress {
+  uint32_t domain = 0;
+  uint32_t bus = 0;
+  uint32_t device = 0;
+  uint32_t function = 0;
+
+  // INVALID_ARGUMENT naming the text for anything else (domain > ffff,
+  // bus > ff, device > 1f, function > 7).
+  static absl::StatusOr<PciAddress> Parse(absl::string_view text);
+  // "0000:01:00.0".
+  std::string ToString() const;
+};
+
 struct DeviceUrl {
-  enum class Scheme { kSim };
+  enum class Scheme { kSim, kVfio };
+  enum class Engine { kNvme };
+  enum class D2d { kAuto, kCopy, kBounce };
+  enum class Irq { kMsix, kPoll };
+
   Scheme scheme = Scheme::kSim;
+  // sim://
   int devices = 1;
   uint64_t hbm_bytes = uint64_t{16} << 30;
   double link_gbps = 0.0;
   double latency_us = 0.0;
   int dma_engines = 1;
+  // vfio://
+  PciAddress pci_address;
+  Engine engine = Engine::kNvme;
+  D2d d2d = D2d::kAuto;
+  Irq irq = Irq::kMsix;
+  uint32_t queue_depth = 256;
+
   std::string text = "sim://";  // as given
 
   static DeviceUrl Default() { return DeviceUrl{}; }

@@ -53,6 +53,38 @@ TEST(DeviceUrlTest, ParsesEveryParameter) {
   EXPECT_EQ(url->text, text);
 }
 
+TEST(DeviceUrlTest, ParsesAVfioUrlWithItsDefaults) {
+  const absl::StatusOr<DeviceUrl> url =
+      ParseDeviceUrl("vfio://0000:01:00.0?engine=nvme");
+  ASSERT_TRUE(url.ok()) << url.status();
+  EXPECT_EQ(url->scheme, DeviceUrl::Scheme::kVfio);
+  EXPECT_EQ(url->pci_address.ToString(), "0000:01:00.0");
+  EXPECT_EQ(url->engine, DeviceUrl::Engine::kNvme);
+  EXPECT_EQ(url->d2d, DeviceUrl::D2d::kAuto);
+  EXPECT_EQ(url->irq, DeviceUrl::Irq::kMsix);
+  EXPECT_EQ(url->queue_depth, 256u);
+}
+
+TEST(DeviceUrlTest, ParsesEveryVfioParameter) {
+  const absl::StatusOr<DeviceUrl> url = ParseDeviceUrl(
+      "vfio://1f:1d.7?queue_depth=4096&irq=poll&d2d=bounce&engine=nvme");
+  ASSERT_TRUE(url.ok()) << url.status();
+  EXPECT_EQ(url->pci_address.domain, 0u);
+  EXPECT_EQ(url->pci_address.bus, 0x1fu);
+  EXPECT_EQ(url->pci_address.device, 0x1du);
+  EXPECT_EQ(url->pci_address.function, 7u);
+  EXPECT_EQ(url->pci_address.ToString(), "0000:1f:1d.7");
+  EXPECT_EQ(url->d2d, DeviceUrl::D2d::kBounce);
+  EXPECT_EQ(url->irq, DeviceUrl::Irq::kPoll);
+  EXPECT_EQ(url->queue_depth, 4096u);
+}
+
+TEST(PciAddressTest, ParsesUpperAndLowerCaseHexAndADomain) {
+  const absl::StatusOr<PciAddress> a = PciAddress::Parse("FFFF:Ab:1F.7");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->ToString(), "ffff:ab:1f.7");
+}
+
 TEST(DeviceUrlTest, ParametersMayComeInAnyOrder) {
   const absl::StatusOr<DeviceUrl> url =
       ParseDeviceUrl("sim://?dma_engines=3&hbm=512MiB&devices=2");
@@ -98,7 +130,33 @@ INSTANTIATE_TEST_SUITE_P(
     BadUrls, DeviceUrlRejectsTest,
     ::testing::Values(
         // Wrong or missing scheme.
-        BadUrl{"vfio://0000:00:04.0", {"\"vfio://\"", "sim://"}},
+        BadUrl{"nvme://0000:00:04.0", {"\"nvme://\"", "sim://, vfio://"}},
+        // vfio://: the PCI address and the engine.
+        BadUrl{"vfio://0000:00:04.0", {"engine=", "nvme"}},
+        BadUrl{"vfio://0000:00:04.0?irq=poll", {"engine=", "nvme"}},
+        BadUrl{"vfio://0000:00:04.0?engine=ahci", {"engine=\"ahci\"", "nvme"}},
+        BadUrl{"vfio://?engine=nvme", {"PCI address=\"\"", "0000:01:00.0"}},
+        BadUrl{"vfio://0000:00:20.0?engine=nvme",
+               {"PCI address=\"0000:00:20.0\""}},
+        BadUrl{"vfio://0000:100:00.0?engine=nvme",
+               {"PCI address=\"0000:100:00.0\""}},
+        BadUrl{"vfio://00:04.8?engine=nvme", {"PCI address=\"00:04.8\""}},
+        BadUrl{"vfio://0000:00:04?engine=nvme", {"PCI address=\"0000:00:04\""}},
+        BadUrl{"vfio://0000:0g:04.0?engine=nvme",
+               {"PCI address=\"0000:0g:04.0\""}},
+        BadUrl{"vfio://0000:00:04.0?engine=nvme&devices=2",
+               {"unknown vfio:// parameter", "\"devices=2\"",
+                "engine, d2d, irq, queue_depth"}},
+        BadUrl{"vfio://0000:00:04.0?engine=nvme&engine=nvme",
+               {"engine", "twice"}},
+        BadUrl{"vfio://0000:00:04.0?engine=nvme&irq=intx",
+               {"irq=\"intx\"", "msix, poll"}},
+        BadUrl{"vfio://0000:00:04.0?engine=nvme&d2d=dma",
+               {"d2d=\"dma\"", "auto, copy, bounce"}},
+        BadUrl{"vfio://0000:00:04.0?engine=nvme&queue_depth=1",
+               {"queue_depth=\"1\"", "[2, 4096]"}},
+        BadUrl{"vfio://0000:00:04.0?engine=nvme&",
+               {"vfio:// has an empty parameter"}},
         BadUrl{"http://sim", {"\"http://\"", "sim://"}},
         BadUrl{"SIM://", {"\"SIM://\"", "sim://"}},
         BadUrl{"sim:", {"\"sim:\"", "not a device URL", "sim://"}},

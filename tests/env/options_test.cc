@@ -291,12 +291,13 @@ TEST(OptionsTest, PrefixesFaultSpecErrorsWithTheVariable) {
 
 TEST(OptionsTest, ListsTheSupportedSchemesForAnUnknownOne) {
   const absl::StatusOr<Options> options =
-      Resolve({{"TPUSHIM_DEVICE", "vfio://0000:00:04.0"}});
+      Resolve({{"TPUSHIM_DEVICE", "pcie://0000:00:04.0"}});
   ASSERT_FALSE(options.ok());
   EXPECT_THAT(MessageOf(options),
               ::testing::StartsWith(
-                  "TPUSHIM_DEVICE=\"vfio://0000:00:04.0\": unsupported"));
-  EXPECT_THAT(MessageOf(options), HasSubstr("supported schemes: sim://"));
+                  "TPUSHIM_DEVICE=\"pcie://0000:00:04.0\": unsupported"));
+  EXPECT_THAT(MessageOf(options),
+              HasSubstr("supported schemes: sim://, vfio://"));
 }
 
 TEST(OptionsTest, ListsTheAcceptedWordsForAnUnknownOne) {
