@@ -105,6 +105,9 @@ struct DeviceInfo {
   std::optional<int> numa_node;  // the host NUMA node the device sits on
   double link_gbps = 0;          // modelled link, 0 = unthrottled
   double latency_us = 0;         // modelled per-descriptor latency
+  // The unit of device memory: device addresses and descriptor lengths
+  // are multiples of it (1 for sim://, the logical block size for NVMe).
+  uint32_t block_bytes = 1;
 };
 
 class Device {

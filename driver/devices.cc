@@ -1,5 +1,6 @@
 #include "driver/devices.h"
 
+#include "driver/nvme/nvme_device.h"
 #include "driver/sim/sim_device.h"
 
 namespace tpushim {
@@ -9,6 +10,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
   switch (url.scheme) {
     case DeviceUrl::Scheme::kSim:
       return CreateSimDevices(url, os, faults);
+    case DeviceUrl::Scheme::kVfio:
+      return OpenNvmeDevices(url, os, faults);
   }
   return absl::InvalidArgumentError("unknown device URL scheme");
 }
