@@ -277,7 +277,8 @@ std::string PageKindDescription(PageKind kind, uint64_t page_bytes) {
 
 absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
     const Options& options, Os* os, FaultInjector* faults,
-    std::optional<int> device_numa_node) {
+    std::optional<int> device_numa_node,
+    const DmaRegistration& register_for_dma) {
   const uint64_t size = options.premapped_buffer_size.value;
   const uint64_t threshold =
       options.premapped_buffer_transfer_threshold_bytes.value;
@@ -373,6 +374,10 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
       options.EffectivePrefaultThreads(os->OnlineCpuCount()));
   TPUSHIM_RETURN_IF_ERROR(prefaulter.Run(threads));
   if (locked) LOG(INFO) << "mlock()-ed " << range.length << " bytes";
+  // 6. Register with the devices (nothing can fail after this step).
+  if (register_for_dma) {
+    TPUSHIM_RETURN_IF_ERROR(register_for_dma(range.start, size));
+  }
 
   const absl::Duration elapsed =
       absl::Nanoseconds(os->MonotonicNanos() - start_ns);

@@ -39,6 +39,7 @@
 #define TPUSHIM_ALLOCATOR_PREMAPPED_REGION_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 
@@ -71,14 +72,23 @@ class PremappedRegion {
     absl::Duration startup_time;
   };
 
-  // Maps, pre-faults and pins the region described by `options` and logs
-  // the start-up lines. Returns null (after logging "TPU premapped buffer
-  // disabled.") when the size is 0. `os` and `faults` (nullable) must
-  // outlive the region. `device_numa_node` is the node of the device the
-  // region serves, if known. On error nothing stays mapped or locked.
+  // Makes the region reachable by the devices' DMA (IOMMU mappings): called
+  // once the region is pinned and pre-faulted, before "Done premapping
+  // memory", so its time counts as premapping. On error it must leave
+  // nothing registered.
+  using DmaRegistration =
+      std::function<absl::Status(void* base, uint64_t size)>;
+
+  // Maps, pre-faults and pins the region described by `options`, registers
+  // it through `register_for_dma` (if given) and logs the start-up lines.
+  // Returns null (after logging "TPU premapped buffer disabled.") when the
+  // size is 0. `os` and `faults` (nullable) must outlive the region.
+  // `device_numa_node` is the node of the device the region serves, if
+  // known. On error nothing stays mapped, locked or registered.
   static absl::StatusOr<std::unique_ptr<PremappedRegion>> Create(
       const Options& options, Os* os, FaultInjector* faults,
-      std::optional<int> device_numa_node = std::nullopt);
+      std::optional<int> device_numa_node = std::nullopt,
+      const DmaRegistration& register_for_dma = nullptr);
 
   PremappedRegion(const PremappedRegion&) = delete;
   PremappedRegion& operator=(const PremappedRegion&) = delete;

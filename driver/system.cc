@@ -176,12 +176,40 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
         .dma_engines = info.dma_engines,
         .numa_node = info.numa_node,
         .link_gbps = info.link_gbps,
-        .latency_us = info.latency_us});
+        .latency_us = info.latency_us,
+        .block_bytes = info.block_bytes});
     if (!device_node) device_node = info.numa_node;
   }
+  // The region is registered for every device's DMA while it is being
+  // premapped (an IOMMU mapping for vfio:// devices, timed with it).
+  std::vector<HostWindowId> region_windows;
+  const PremappedRegion::DmaRegistration register_region =
+      [&](void* base, uint64_t size) -> absl::Status {
+    for (const auto& d : impl->devices) {
+      const int64_t start = base_os->MonotonicNanos();
+      absl::StatusOr<HostWindowId> w = d->RegisterHostWindow(base, size);
+      if (!w.ok()) {
+        for (size_t j = 0; j < region_windows.size(); ++j) {
+          (void)impl->devices[j]->UnregisterHostWindow(region_windows[j]);
+        }
+        region_windows.clear();
+        return absl::Status(
+            w.status().code(),
+            absl::StrCat("Registering the premapped region with ",
+                         d->info().name, " failed: ", w.status().message()));
+      }
+      region_windows.push_back(*w);
+      LOG(INFO) << "Registered premapped memory of size " << size
+                << " for DMA by " << d->info().name << " in "
+                << absl::StrFormat("%.3f",
+                                   (base_os->MonotonicNanos() - start) / 1e9)
+                << "s";
+    }
+    return absl::OkStatus();
+  };
   TPUSHIM_ASSIGN_OR_RETURN(
-      impl->region,
-      PremappedRegion::Create(options, os, injector, device_node));
+      impl->region, PremappedRegion::Create(options, os, injector, device_node,
+                                            register_region));
   {
     MutexLock lock(&impl->owner->mu);
     impl->owner->allocator =
@@ -192,7 +220,8 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   TPUSHIM_ASSIGN_OR_RETURN(
       impl->engine,
       TransferEngine::Create(std::move(raw), impl->region.get(), os,
-                             TransferEngine::Config::FromOptions(options)));
+                             TransferEngine::Config::FromOptions(options),
+                             std::move(region_windows)));
 
   LOG(INFO) << "tpu::System initialized, current host id: 0, logical device "
                "ids: "

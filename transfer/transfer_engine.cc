@@ -229,7 +229,8 @@ class Engine {
          uint64_t max_staging);
   ~Engine();
 
-  absl::Status Start();
+  // `region_windows`: the region's windows, already registered (or empty).
+  absl::Status Start(std::vector<HostWindowId> region_windows);
   void Shutdown();
 
   int device_count() const { return static_cast<int>(devices_.size()); }
@@ -436,10 +437,12 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
   }
 }
 
-absl::Status Engine::Start() {
+absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
+  const bool registered = !region_windows.empty();
+  region_windows_ = std::move(region_windows);
   for (size_t i = 0; i < devices_.size(); ++i) {
     Device* dev = devices_[i];
-    if (region_ != nullptr) {
+    if (region_ != nullptr && !registered) {
       absl::StatusOr<HostWindowId> w =
           dev->RegisterHostWindow(region_->base(), region_->size());
       if (!w.ok()) {
@@ -538,6 +541,14 @@ absl::StatusOr<std::shared_ptr<Allocation>> Engine::UseBuffer(
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s: [%d, +%d) lies outside the device buffer of %d bytes", what,
         offset, size, a->size));
+  }
+  const DeviceInfo& info = devices_[a->device]->info();
+  if (info.block_bytes > 1 &&
+      (offset % info.block_bytes != 0 || size % info.block_bytes != 0)) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "%s: %s moves whole %d-byte blocks of device memory: the offset (%d) "
+        "and size (%d) must be multiples of %d",
+        what, info.name, info.block_bytes, offset, size, info.block_bytes));
   }
   MutexLock lock(&a->mu);
   if (a->deallocating || a->freed) {
@@ -1623,7 +1634,21 @@ TransferEngine::Config TransferEngine::Config::FromOptions(
 
 absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     std::vector<Device*> devices, PremappedRegion* region, Os* os,
-    Config config) {
+    Config config, std::vector<HostWindowId> region_windows) {
+  // Windows handed over are ours: released if Create fails before Start.
+  absl::Cleanup release_windows = [&] {
+    for (size_t i = 0; i < region_windows.size() && i < devices.size(); ++i) {
+      if (devices[i] != nullptr) {
+        (void)devices[i]->UnregisterHostWindow(region_windows[i]);
+      }
+    }
+  };
+  if (!region_windows.empty() &&
+      (region == nullptr || region_windows.size() != devices.size())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "TransferEngine: ", region_windows.size(), " region windows given for ",
+        devices.size(), " devices", region == nullptr ? " and no region" : ""));
+  }
   if (devices.empty()) {
     return absl::InvalidArgumentError("TransferEngine: no devices");
   }
@@ -1644,9 +1669,19 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
   }
   std::array<uint64_t, 2> chunks = {config.chunk_bytes,
                                     config.from_device_chunk_bytes};
+  // Chunks and descriptors of whole device blocks (NVMe's logical blocks).
+  uint64_t block = 1;
+  for (Device* d : devices)
+    block = std::max<uint64_t>(block, d->info().block_bytes);
+  const auto whole_blocks = [block](uint64_t bytes) {
+    return std::max(block, bytes / block * block);
+  };
+  config.descriptor_bytes = whole_blocks(config.descriptor_bytes);
   uint64_t max_staging = 0;
   if (region != nullptr) {
-    for (uint64_t& c : chunks) c = std::min(c, region->allocator().threshold());
+    for (uint64_t& c : chunks) {
+      c = whole_blocks(std::min(c, region->allocator().threshold()));
+    }
     const uint64_t chunk = std::max(chunks[0], chunks[1]);
     max_staging = config.max_staging_bytes;
     if (max_staging == 0) {
@@ -1658,9 +1693,10 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
           " is below one staging chunk (", chunk, " bytes)"));
     }
   }
+  std::move(release_windows).Cancel();
   auto impl = std::make_unique<transfer_internal::Engine>(
       std::move(devices), region, os, std::move(config), chunks, max_staging);
-  TPUSHIM_RETURN_IF_ERROR(impl->Start());
+  TPUSHIM_RETURN_IF_ERROR(impl->Start(std::move(region_windows)));
   return std::unique_ptr<TransferEngine>(new TransferEngine(std::move(impl)));
 }
 

@@ -125,12 +125,14 @@ class TransferEngine {
 
   // `devices` (non-empty, numbered 0..N-1 in order) must stay open, and
   // `region` (null = the region is off) and `os` must live, until the
-  // engine is destroyed. Registers the region as a host
-  // window with every device (undone on error). INVALID_ARGUMENT for a bad
-  // config.
+  // engine is destroyed. Registers the region as a host window with every
+  // device (undone on error), unless `region_windows` gives the windows it
+  // is already registered as, one per device: the engine then owns them
+  // and unregisters them at shutdown, or at once if Create fails.
+  // INVALID_ARGUMENT for a bad config.
   static absl::StatusOr<std::unique_ptr<TransferEngine>> Create(
       std::vector<Device*> devices, PremappedRegion* region, Os* os,
-      Config config);
+      Config config, std::vector<HostWindowId> region_windows = {});
 
   TransferEngine(const TransferEngine&) = delete;
   TransferEngine& operator=(const TransferEngine&) = delete;

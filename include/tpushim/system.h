@@ -84,13 +84,16 @@ class TPUSHIM_EXPORT PinnedHostBuffer {
 // What a device is.
 struct DeviceDescription {
   int id = 0;
-  std::string name;     // "sim:0"
-  std::string backend;  // "sim"
+  std::string name;     // "sim:0", "vfio:0000:01:00.0"
+  std::string backend;  // "sim", "vfio-nvme"
   uint64_t hbm_bytes = 0;
   int dma_engines = 1;
   std::optional<int> numa_node;
   double link_gbps = 0;
   double latency_us = 0;
+  // Device buffer offsets and transfer sizes are multiples of this (1 for
+  // sim://; the logical block size, e.g. 512, for NVMe).
+  uint32_t block_bytes = 1;
 };
 
 class TPUSHIM_EXPORT System {
