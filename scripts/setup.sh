@@ -13,6 +13,8 @@ packages=(
   clang libclang-rt-14-dev llvm
   # `tpushim tune --plot`.
   gnuplot-nox
+  # The VM tests (tests/vm): QEMU boots a guest with an emulated IOMMU.
+  qemu-system-x86
 )
 
 if [[ "$(id -u)" -eq 0 ]]; then

@@ -8,7 +8,8 @@
 #
 # Jobs (docs/testing.md says what each covers):
 #   release  GCC, Release, -Werror: every test, the benchmarks' CI mode,
-#            the install test and the examples.                  -> build/
+#            the install test, the examples and the VM tests (label `vm`:
+#            vfio:// on QEMU's NVMe behind a virtual IOMMU).    -> build/
 #   asan     clang, ASan + UBSan (LeakSanitizer on) and -Wthread-safety
 #            as errors over all the code: every test, plus each libFuzzer
 #            target for a fixed number of runs over its seed corpus
@@ -50,7 +51,7 @@ run_asan() {
   local flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
   CC=clang CXX=clang++ cmake -S . -B build-asan \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-    -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_FUZZ=ON \
+    -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_FUZZ=ON -DTPUSHIM_VM_TESTS=OFF \
     -DCMAKE_C_FLAGS="$flags" \
     -DCMAKE_CXX_FLAGS="$flags -Wthread-safety" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined -fsanitize-link-c++-runtime -lstdc++" \
@@ -67,6 +68,7 @@ run_tsan() {
   # not errors, in this job.
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_BUILD_EXAMPLES=OFF \
+    -DTPUSHIM_VM_TESTS=OFF \
     -DCMAKE_CXX_FLAGS="-fsanitize=thread -Wno-error=tsan -Wno-error=null-dereference" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"

@@ -1,0 +1,123 @@
+# shellcheck shell=sh
+# The VFIO/NVMe plan (CTest vm_vfio_nvme): tpushim drives the emulated NVMe
+# controller /init bound to vfio-pci, as `vfio://$TPUSHIM_VM_PCI?engine=nvme`.
+#   transfer_integrity   the transfer integrity suite that runs on sim:// in
+#                        the release job, here on the NVMe device; its iommu
+#                        test points one command's DMA at an unmapped IOVA
+#   dmar_fault           ... which the IOMMU blocked: the kernel logged it
+#   transfer_integrity_poll, transfer_integrity_bounce   again with polled
+#                        completions, and device to device through the
+#                        bounce buffer
+#   startup_lines        a start-up on the device (a one-cell bench) logs the
+#                        CONTRACTS §2 lines, the IOMMU mapping inside
+#                        premapping
+#   bench                a short `tpushim bench` (TCG-bound figures)
+#   vfio_faults          runs with the 1st, 2nd, ... VFIO ioctl failing:
+#                        each ends cleanly, names the fault, holds nothing
+
+# shellcheck source=tests/vm/guest/vmlib.sh
+. /vmlib.sh
+
+url="vfio://$TPUSHIM_VM_PCI?engine=nvme"
+export TPU_LOG_DIR=/tmp/tpu_logs
+mkdir -p "$TPU_LOG_DIR"
+
+faults_before=$(vm_dmar_faults)
+TPUSHIM_TEST_DEVICE="$url" vm_run transfer_integrity transfer_integrity_test
+faults_after=$(vm_dmar_faults)
+if [ "$faults_after" -gt "$faults_before" ]; then
+  vm_pass dmar_fault
+else
+  vm_fail dmar_fault "the IOMMU logged no DMA fault for the unmapped-IOVA test"
+fi
+TPUSHIM_TEST_DEVICE="$url&irq=poll" vm_run transfer_integrity_poll \
+  transfer_integrity_test --gtest_filter=-*StartupLogs*
+TPUSHIM_TEST_DEVICE="$url&d2d=bounce" vm_run transfer_integrity_bounce \
+  transfer_integrity_test --gtest_filter=*DeviceToDevice*
+
+export TPUSHIM_DEVICE="$url"
+export TPU_PREMAPPED_BUFFER_SIZE=67108864
+export TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=4194304
+
+# One start-up, one transfer, one teardown.
+startup() {
+  tpushim bench --sizes 4K --directions h2d --paths staged --seconds 0.01
+}
+
+# startup_lines: the §2 lines in order, the region's DMA registration
+# (its IOMMU mapping) between the premapping lines.
+startup_lines() {
+  rm -rf "$TPU_LOG_DIR"/*
+  startup >/dev/null || return 1
+  info="$TPU_LOG_DIR/tpu_driver.INFO"
+  grep -o '\] .*' "$info" | sed 's/^\] //' >/tmp/lines.txt
+  for want in 'TPU premapped buffer enabled. Size: 67108864 Threshold: 4194304' \
+    'Creating numa aware allocators, number of NUMA nodes' \
+    'Starting premapped memory manager initialization...' \
+    'Premapped buffer is using alignment 64' \
+    "Registered premapped memory of size 67108864 for DMA by vfio:$TPUSHIM_VM_PCI in" \
+    'Done premapping memory of size 67108864 in' \
+    'Done allocating premapped memory of size 67108864' \
+    'tpu::System initialized, current host id: 0, logical device ids: 0' \
+    'CreateTpuSystemState: TPU initialization is successful and it took' \
+    'CreateTpuSystemState: using TPU host premapped buffer of size: 67108864'; do
+    line=$(grep -n -F "$want" /tmp/lines.txt | head -n 1 | cut -d: -f1)
+    if [ -z "$line" ]; then
+      echo "missing: $want"
+      cat /tmp/lines.txt
+      return 1
+    fi
+    if [ -n "${previous:-}" ] && [ "$line" -le "$previous" ]; then
+      echo "out of order: $want"
+      cat /tmp/lines.txt
+      return 1
+    fi
+    echo "line $line: $want"
+    previous=$line
+  done
+}
+vm_run startup_lines startup_lines
+
+vm_run bench tpushim bench --sizes 4K,64K,1M,8M --directions h2d,d2h,d2d \
+  --seconds 0.3
+
+# vfio_faults: a run (start-up, a transfer, teardown) with its 1st, 2nd,
+# ... VFIO ioctl failing, until a run has no n-th ioctl: each ends with
+# exit 0 or 1, names the injected fault (in its error or its log), and
+# leaves nothing held: the next start-up works.
+vfio_faults() {
+  n=1
+  while [ "$n" -le 80 ]; do
+    rm -rf "${TPU_LOG_DIR:?}"/*
+    out=$(TPUSHIM_FAULTS="vfio:nth=$n" startup 2>&1)
+    rc=$?
+    tag="[injected: vfio:nth=$n]"
+    named=$( (echo "$out"; cat "$TPU_LOG_DIR"/tpu_driver.*.INFO.* 2>/dev/null) |
+      grep -F "$tag" | tail -n 1)
+    if [ -z "$named" ]; then
+      if [ "$rc" -ne 0 ]; then
+        echo "vfio:nth=$n: exit $rc, and nothing names the injected fault:"
+        echo "$out" | tail -n 5
+        return 1
+      fi
+      echo "$((n - 1)) VFIO ioctls per run, each failed in turn: every run ended cleanly"
+      return 0
+    fi
+    if [ "$rc" -ne 0 ] && [ "$rc" -ne 1 ]; then
+      echo "vfio:nth=$n: exit $rc"
+      echo "$out" | tail -n 5
+      return 1
+    fi
+    echo "vfio:nth=$n: exit $rc: ${named#*] }"
+    if ! startup >/dev/null 2>&1; then
+      echo "after vfio:nth=$n the next start-up failed"
+      return 1
+    fi
+    n=$((n + 1))
+  done
+  echo "more than 80 VFIO ioctls in one run"
+  return 1
+}
+vm_run vfio_faults vfio_faults
+
+vm_finish
