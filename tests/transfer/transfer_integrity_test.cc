@@ -15,6 +15,7 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "logging/log.h"
 #include "tests/testing/temp_dir.h"
 #include "tpushim/system.h"
 
@@ -300,6 +301,7 @@ TEST_F(TransferIntegrityTest, DmaToAnUnmappedIovaFailsThatTransferOnly) {
 
 TEST_F(TransferIntegrityTest, StartupLogsTheContractLinesInOrder) {
   ASSERT_NO_FATAL_FAILURE(Start());
+  ASSERT_TRUE(logging::FlushLogs());
   // The last start-up in the file is this test's.
   const std::string all =
       testutil::ReadFileOrEmpty(Logs().Join("tpu_driver.INFO"));
