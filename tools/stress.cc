@@ -278,6 +278,9 @@ class Turnstile {
 struct Shared {
   System* system = nullptr;
   int devices = 1;
+  // The largest block_bytes of the devices: every device buffer, transfer
+  // size and offset is a multiple of it.
+  uint64_t block = 1;
   uint64_t threshold = 0;
   bool faults = false;
   std::vector<absl::StatusCode> rule_codes;
@@ -391,12 +394,21 @@ void AddFollows(const DevBuf& b, bool write,
   for (const NamedEvent& e : b.reads) follows.push_back(&e);
 }
 
-// Picks a size and offset for a transfer into a buffer of `capacity` bytes.
+// Multiples of a device's block (DeviceDescription::block_bytes; 1 on
+// sim://): NVMe devices move whole logical blocks.
+uint64_t RoundUpTo(uint64_t n, uint64_t block) {
+  return (n + block - 1) / block * block;
+}
+uint64_t RoundDownTo(uint64_t n, uint64_t block) { return n / block * block; }
+
+// Picks a size and offset, whole `block`s, for a transfer into a buffer of
+// `capacity` bytes (a multiple of `block`).
 std::pair<uint64_t, uint64_t> SizeAndOffset(uint64_t capacity, uint64_t r1,
-                                            uint64_t r2) {
+                                            uint64_t r2, uint64_t block) {
   const uint64_t size =
-      r1 % 8 == 0 ? capacity : LogUniform(r1 >> 3, 1, capacity);
-  return {size, Uniform(r2, 0, capacity - size)};
+      r1 % 8 == 0 ? capacity
+                  : RoundUpTo(LogUniform(r1 >> 3, 1, capacity), block);
+  return {size, RoundDownTo(Uniform(r2, 0, capacity - size), block)};
 }
 
 Semantics DrawSemantics(uint64_t r) {
@@ -836,6 +848,7 @@ void Worker::PlanAllocDevice(RecordedOp& op, const Draws& r) {
   } else {
     op.size = LogUniform(r[2], 1, kMaxSmallDeviceAlloc);
   }
+  op.size = RoundUpTo(op.size, s_.block);
 }
 
 void Worker::PlanFreeDevice(RecordedOp& op, const Draws& r) {
@@ -858,7 +871,7 @@ void Worker::PlanH2D(RecordedOp& op, const Draws& r) {
   DevBuf& b = device_[r[0] % device_.size()];
   PruneReads(b);
   op.buffer = b.id;
-  std::tie(op.size, op.offset) = SizeAndOffset(b.buf.size(), r[1], r[2]);
+  std::tie(op.size, op.offset) = SizeAndOffset(b.buf.size(), r[1], r[2], s_.block);
   op.host = ChooseHost(op.size, r[3] % 2 == 0, r[4]);
   op.semantics = DrawSemantics(r[3] >> 1);
   op.fill_seed = ++fill_seed_;
@@ -880,7 +893,7 @@ void Worker::PlanD2H(RecordedOp& op, const Draws& r) {
     op.size = b.size;
     op.offset = b.off;
   } else {
-    std::tie(op.size, op.offset) = SizeAndOffset(b.buf.size(), r[1], r[2]);
+    std::tie(op.size, op.offset) = SizeAndOffset(b.buf.size(), r[1], r[2], s_.block);
   }
   op.host = ChooseHost(op.size, r[3] % 2 == 0, r[4]);
   op.semantics = DrawSemantics(r[3] >> 1);
@@ -909,9 +922,11 @@ void Worker::PlanD2D(RecordedOp& op, const Draws& r) {
   } else {
     // Unknown content (or it does not fit): copy a piece, unverified.
     std::tie(op.size, op.offset) =
-        SizeAndOffset(std::min(a.buf.size(), b.buf.size()), r[2], r[3]);
+        SizeAndOffset(std::min(a.buf.size(), b.buf.size()), r[2], r[3],
+                      s_.block);
   }
-  op.dst_offset = Uniform(r[4], 0, b.buf.size() - op.size);
+  op.dst_offset = RoundDownTo(Uniform(r[4], 0, b.buf.size() - op.size),
+                              s_.block);
   std::vector<const NamedEvent*> follows;
   AddFollows(a, /*write=*/false, follows);
   AddFollows(b, /*write=*/true, follows);
@@ -927,10 +942,11 @@ void Worker::PlanChain(RecordedOp& op, const Draws& r) {
   op.device = static_cast<int>(r[2] % static_cast<uint64_t>(s_.devices));
   op.dst_device =
       static_cast<int>((r[2] >> 8) % static_cast<uint64_t>(s_.devices));
-  op.slack = r[3] & kMaxChainSlack;
-  op.dst_slack = (r[3] >> 12) & kMaxChainSlack;
-  op.offset = Uniform(r[4], 0, op.slack);
-  op.dst_offset = Uniform(r[4] >> 16, 0, op.dst_slack);
+  op.size = RoundUpTo(op.size, s_.block);
+  op.slack = RoundDownTo(r[3] & kMaxChainSlack, s_.block);
+  op.dst_slack = RoundDownTo((r[3] >> 12) & kMaxChainSlack, s_.block);
+  op.offset = RoundDownTo(Uniform(r[4], 0, op.slack), s_.block);
+  op.dst_offset = RoundDownTo(Uniform(r[4] >> 16, 0, op.dst_slack), s_.block);
   op.host = ChooseHost(op.size, r[5] % 2 == 0, r[5] >> 8);
   op.dst_host = ChooseHost(op.size, (r[5] >> 1) % 2 == 0, r[5] >> 16, op.host);
   op.semantics = DrawSemantics(r[5] >> 2);
@@ -1979,6 +1995,10 @@ void RunStress(StressFlags flags, CommandContext& context) {
     report.threshold_bytes = (*system)->transfer_threshold_bytes();
     shared.system = system->get();
     shared.devices = (*system)->device_count();
+    for (int d = 0; d < shared.devices; ++d) {
+      shared.block = std::max<uint64_t>(shared.block,
+                                        (*system)->device(d).block_bytes);
+    }
     shared.threshold = report.threshold_bytes;
     LOG(INFO) << "tpushim stress: seed " << report.seed << ", "
               << (flags.seconds_given ? absl::StrCat(flags.seconds, " s")
