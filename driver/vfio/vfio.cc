@@ -238,8 +238,10 @@ absl::Status VfioDevice::Setup(const Options& options) {
     } else if (group.status().code() == absl::StatusCode::kUnavailable ||
                absl::StrContains(why, "busy")) {
       why = absl::StrCat(why,
-                         "; another process (a VM, another tpushim) has the "
-                         "group open");
+                         "; the group is open elsewhere: in another process "
+                         "(a VM, another tpushim) or in another tpushim "
+                         "System of this one (a vfio:// device serves one "
+                         "System at a time)");
     }
     return absl::Status(group.status().code(),
                         absl::StrCat("cannot open IOMMU group ", group_number_,

@@ -8,6 +8,11 @@
 #   transfer_integrity_poll, transfer_integrity_bounce   again with polled
 #                        completions, and device to device through the
 #                        bounce buffer
+#   capi                 the C-ABI conformance suite on the device (its
+#                        second system, in the foreign-handle test, and its
+#                        slow-link tests stay on sim://)
+#   stress               a short `tpushim stress` with injected DMA faults:
+#                        every byte hash-checked, every failure clean
 #   startup_lines        a start-up on the device (a one-cell bench) logs the
 #                        CONTRACTS §2 lines, the IOMMU mapping inside
 #                        premapping
@@ -34,6 +39,9 @@ TPUSHIM_TEST_DEVICE="$url&irq=poll" vm_run transfer_integrity_poll \
   transfer_integrity_test --gtest_filter=-*StartupLogs*
 TPUSHIM_TEST_DEVICE="$url&d2d=bounce" vm_run transfer_integrity_bounce \
   transfer_integrity_test --gtest_filter=*DeviceToDevice*
+TPUSHIM_TEST_DEVICE="$url" vm_run capi c_api_conformance_test
+TPUSHIM_DEVICE="$url" vm_run stress tpushim stress --ops 3000 --threads 4 \
+  --seed 1 --faults 'dma:rate=0.02,seed=3'
 
 export TPUSHIM_DEVICE="$url"
 export TPU_PREMAPPED_BUFFER_SIZE=67108864
