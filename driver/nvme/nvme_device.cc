@@ -776,6 +776,17 @@ NvmeDevice::~NvmeDevice() {
       (void)AdminCommand(sqe, "Delete I/O Completion Queue");
     }
     Write32(bar_.base, kRegCc, Read32(bar_.base, kRegCc) | kCcShnNormal);
+    // Wait (at most CAP.TO) for CSTS.SHST to say the shutdown is complete.
+    const int64_t deadline = os_->MonotonicNanos() + ready_timeout_ns_;
+    while (((Read32(bar_.base, kRegCsts) >> 2) & 3) != 2) {
+      if (os_->MonotonicNanos() > deadline) {
+        LOG(WARNING) << info_.name
+                     << ": the controller did not finish its shutdown "
+                        "within CAP.TO; disabling it anyway";
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
   }
   if (bar_.base != nullptr && vfio_ != nullptr) (void)DisableController();
   for (auto& qp : queues_) {
