@@ -371,7 +371,6 @@ class NvmeDevice final : public Device {
   uint64_t BuildPrp(Queue& q, uint16_t cid, uint64_t iova, uint64_t bytes,
                     uint64_t* prp2) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu);
   void Worker(Queue& q);
-  void StopWorkers();
   uint32_t* Doorbell(uint16_t qid, bool completion) const {
     return reinterpret_cast<uint32_t*>(
         const_cast<uint8_t*>(bar_.base) + kDoorbells +
@@ -400,10 +399,12 @@ class NvmeDevice final : public Device {
   uint32_t admin_cq_head_ = 0;
   uint16_t admin_phase_ = 1;
   uint16_t admin_cid_ = 0;
-  char* bounce_ = nullptr;
   uint64_t bounce_iova_ = 0;
   std::vector<int> irq_fds_;
   bool created_queues_ = false;
+  // Set when a worker disabled the controller to stop commands that never
+  // completed: teardown then skips the orderly admin commands.
+  std::atomic<bool> controller_disabled_{false};
 
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::unique_ptr<RegionAllocator> allocator_;
@@ -670,7 +671,6 @@ absl::Status NvmeDevice::Open() {
   TPUSHIM_ASSIGN_OR_RETURN(
       DmaArena::Slice bounce,
       arena_->Take(uint64_t{kBounceSlots} * kMaxCommandBytes));
-  bounce_ = bounce.host;
   bounce_iova_ = bounce.iova;
 
   // Enable with the admin queue.
@@ -765,7 +765,8 @@ absl::Status NvmeDevice::Open() {
 
 NvmeDevice::~NvmeDevice() {
   Shutdown();
-  if (created_queues_ && enabled_) {
+  if (created_queues_ && enabled_ &&
+      !controller_disabled_.load(std::memory_order_acquire)) {
     // Orderly: delete the I/O queues, then a normal shutdown notification.
     for (auto& qp : queues_) {
       Sqe sqe;
@@ -1187,7 +1188,7 @@ void NvmeDevice::Reap(Queue& q) {
       }
       Fail(p, absl::Status(CodeOf(status), message));
     }
-    if (c.stage == Stage::kBounceRead && !failed) {
+    if (c.stage == Stage::kBounceRead && !failed && p.status.ok()) {
       // Second half: write the bounce buffer to the destination.
       c.stage = Stage::kBounceWrite;
       Sqe sqe;
@@ -1275,6 +1276,7 @@ void NvmeDevice::Worker(Queue& q) {
                << (now - stuck_since) / 1'000'000
                << " ms into shut-down; disabling the controller";
     Write32(bar_.base, kRegCc, Read32(bar_.base, kRegCc) & ~kCcEnable);
+    controller_disabled_.store(true, std::memory_order_release);
     MutexLock lock(&q.mu);
     for (uint32_t cid = 0; cid < q.depth; ++cid) {
       if (std::find(q.free_cids.begin(), q.free_cids.end(), cid) !=

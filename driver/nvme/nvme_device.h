@@ -30,9 +30,10 @@
 // naming the command, status code and LBA.
 //
 // Fault points: `dma` (per descriptor, as sim://: it fails without
-// reaching the device) and `iommu` (per command: the command's data
-// pointer is set to an IOVA nothing is mapped at, so the IOMMU blocks the
-// controller's DMA and the command fails for real).
+// reaching the device) and `iommu` (per Read or Write command: its data
+// pointers, and its PRP list pointer, are set to an IOVA nothing is mapped
+// at, so the IOMMU blocks the controller's DMA and the command fails for
+// real; on QEMU 7.2 only when the command has a PRP list, docs/vfio.md).
 //
 // Shutdown: descriptors whose commands have not started complete with
 // CANCELLED; started ones finish, for at most CAP.TO, after which the
