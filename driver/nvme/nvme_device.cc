@@ -19,6 +19,7 @@
 #include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
+#include "driver/host_window_table.h"
 #include "driver/vfio/vfio.h"
 #include "logging/log.h"
 
@@ -182,11 +183,6 @@ void Write64(volatile uint8_t* bar, uint32_t offset, uint64_t value) {
   Write32(bar, offset + 4, static_cast<uint32_t>(value >> 32));
 }
 
-// Host window ids: index in the low bits, a generation above it.
-constexpr int kWindowIndexBits = 20;
-constexpr uint32_t kWindowIndexMask = (1u << kWindowIndexBits) - 1;
-constexpr uint32_t kWindowGenerationMask = (1u << (32 - kWindowIndexBits)) - 1;
-
 // Device memory addresses as the allocator sees them: offsets from this
 // made-up base (the allocator only does arithmetic on it).
 char* const kDeviceMemoryBase = reinterpret_cast<char*>(uintptr_t{1} << 44);
@@ -342,14 +338,11 @@ class NvmeDevice final : public Device {
     bool shutdown ABSL_GUARDED_BY(mu) = false;
     std::vector<DmaCompletion> done ABSL_GUARDED_BY(mu);
   };
-  struct Window {
-    const char* base = nullptr;
-    uint64_t length = 0;
-    uint64_t iova = 0;         // of `base`
+  // What a host window is in the IOMMU.
+  struct Mapping {
+    uint64_t iova = 0;         // of the window's first byte
     uint64_t mapped_iova = 0;  // of the page hull MapDma mapped
     uint64_t mapped_bytes = 0;
-    uint32_t generation = 0;
-    bool live = false;
   };
 
   // Start-up steps.
@@ -408,16 +401,17 @@ class NvmeDevice final : public Device {
 
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::unique_ptr<RegionAllocator> allocator_;
-  mutable SharedMutex windows_mu_;
-  std::vector<Window> windows_ ABSL_GUARDED_BY(windows_mu_);
-  std::vector<uint32_t> free_windows_ ABSL_GUARDED_BY(windows_mu_);
+  HostWindowTable<Mapping> windows_;
   std::array<std::unique_ptr<Queue>, kDmaDirectionCount> queues_;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;
 };
 
 NvmeDevice::NvmeDevice(const DeviceUrl& url, Os* os, FaultInjector* faults)
-    : url_(url), os_(os), faults_(faults) {
+    : url_(url),
+      os_(os),
+      faults_(faults),
+      windows_(absl::StrCat("vfio:", url.pci_address.ToString())) {
   for (int d = 0; d < kDmaDirectionCount; ++d) {
     queues_[d] = std::make_unique<Queue>(static_cast<DmaDirection>(d),
                                          static_cast<uint16_t>(d + 1));
@@ -794,13 +788,10 @@ NvmeDevice::~NvmeDevice() {
     if (qp->wake_fd >= 0) (void)os_->Close(qp->wake_fd);
   }
   if (vfio_ != nullptr) vfio_->DisableMsix();
-  {
-    WriterMutexLock lock(&windows_mu_);
-    for (Window& w : windows_) {
-      if (w.live) (void)vfio_->UnmapDma(w.mapped_iova, w.mapped_bytes);
-      w.live = false;
-    }
-  }
+  windows_.Clear([&](const HostWindowTable<Mapping>::Window& w) {
+    absl::Status s = vfio_->UnmapDma(w.extra.mapped_iova, w.extra.mapped_bytes);
+    if (!s.ok()) LOG(WARNING) << "Closing " << info_.name << ": " << s;
+  });
   arena_.reset();
   vfio_.reset();  // resets the function, closes everything
 }
@@ -862,50 +853,19 @@ absl::StatusOr<HostWindowId> NvmeDevice::RegisterHostWindow(const void* base,
               << "s (" << (bytes + kMapChunkBytes - 1) / kMapChunkBytes
               << " mappings, IOVA " << absl::StrFormat("0x%x", iova) << ")";
   }
-  WriterMutexLock lock(&windows_mu_);
-  uint32_t index;
-  if (!free_windows_.empty()) {
-    index = free_windows_.back();
-    free_windows_.pop_back();
-  } else {
-    if (windows_.size() > kWindowIndexMask) {
-      (void)vfio_->UnmapDma(iova, bytes);
-      return absl::ResourceExhaustedError(
-          absl::StrCat("RegisterHostWindow on ", info_.name, ": all ",
-                       kWindowIndexMask + 1, " host windows are registered"));
-    }
-    index = static_cast<uint32_t>(windows_.size());
-    windows_.emplace_back();
-  }
-  Window& w = windows_[index];
-  w.base = static_cast<const char*>(base);
-  w.length = length;
-  w.mapped_iova = iova;
-  w.mapped_bytes = bytes;
-  w.iova = iova + (reinterpret_cast<uintptr_t>(base) - begin);
-  w.generation = (w.generation + 1) & kWindowGenerationMask;
-  w.live = true;
-  return (w.generation << kWindowIndexBits) | index;
+  absl::StatusOr<HostWindowId> id = windows_.Add(
+      base, length,
+      Mapping{.iova = iova + (reinterpret_cast<uintptr_t>(base) - begin),
+              .mapped_iova = iova,
+              .mapped_bytes = bytes});
+  if (!id.ok()) (void)vfio_->UnmapDma(iova, bytes);
+  return id;
 }
 
 absl::Status NvmeDevice::UnregisterHostWindow(HostWindowId window) {
-  const uint32_t index = window & kWindowIndexMask;
-  uint64_t iova;
-  uint64_t bytes;
-  {
-    WriterMutexLock lock(&windows_mu_);
-    if (index >= windows_.size() || !windows_[index].live ||
-        windows_[index].generation != (window >> kWindowIndexBits)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "UnregisterHostWindow(0x%x) on %s: no such window is registered",
-          window, info_.name));
-    }
-    windows_[index].live = false;
-    iova = windows_[index].mapped_iova;
-    bytes = windows_[index].mapped_bytes;
-    free_windows_.push_back(index);
-  }
-  return vfio_->UnmapDma(iova, bytes);
+  TPUSHIM_ASSIGN_OR_RETURN(const HostWindowTable<Mapping>::Window w,
+                           windows_.Remove(window));
+  return vfio_->UnmapDma(w.extra.mapped_iova, w.extra.mapped_bytes);
 }
 
 size_t NvmeDevice::Submit(DmaDirection direction,
@@ -975,22 +935,10 @@ absl::Status NvmeDevice::Start(Queue& q, Pending& p) {
     }
     return absl::OkStatus();
   }
-  const uint32_t index = d.host_window & kWindowIndexMask;
-  ReaderMutexLock lock(&windows_mu_);
-  if (index >= windows_.size() || !windows_[index].live ||
-      windows_[index].generation != (d.host_window >> kWindowIndexBits)) {
-    return absl::OutOfRangeError(
-        absl::StrFormat("DMA fault on %s: host window 0x%x is not registered",
-                        info_.name, d.host_window));
-  }
-  const Window& w = windows_[index];
-  if (d.host_offset > w.length || d.length > w.length - d.host_offset) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "DMA fault on %s: [%d, +%d) lies outside host window 0x%x of %d "
-        "bytes",
-        info_.name, d.host_offset, d.length, d.host_window, w.length));
-  }
-  p.host_iova = w.iova + d.host_offset;
+  TPUSHIM_ASSIGN_OR_RETURN(
+      const HostWindowTable<Mapping>::Window w,
+      windows_.Find(d.host_window, d.host_offset, d.length));
+  p.host_iova = w.extra.iova + d.host_offset;
   if (p.host_iova % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "%s DMAs host memory at 4-byte aligned addresses (NVMe PRP entries "

@@ -18,6 +18,7 @@
 #include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
+#include "driver/host_window_table.h"
 #include "logging/log.h"
 
 namespace tpushim {
@@ -38,11 +39,6 @@ void CopyInBursts(char* dst, const char* src, uint64_t n) {
 
 // Freed device buffers at least this large give their whole pages back.
 constexpr uint64_t kReleaseOnFreeBytes = uint64_t{64} << 20;
-
-// Host window ids: index in the low bits, a generation above it.
-constexpr int kWindowIndexBits = 20;
-constexpr uint32_t kWindowIndexMask = (1u << kWindowIndexBits) - 1;
-constexpr uint32_t kWindowGenerationMask = (1u << (32 - kWindowIndexBits)) - 1;
 
 // The HBM of every device of one sim:// URL. Immutable after creation;
 // device-to-device copies look their peer up here.
@@ -125,12 +121,8 @@ class SimDevice final : public Device {
     std::vector<std::thread> engines;  // joined by Shutdown
   };
 
-  struct Window {
-    const char* base = nullptr;
-    uint64_t length = 0;
-    uint32_t generation = 0;
-    bool live = false;
-  };
+  // A simulated device keeps nothing besides the range.
+  struct NoExtra {};
 
   void EngineLoop(Queue& q, int engine);
   // Copies the descriptor's bytes (or fails it); returns the status.
@@ -156,9 +148,7 @@ class SimDevice final : public Device {
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   RegionAllocator allocator_;
 
-  mutable SharedMutex windows_mu_;
-  std::vector<Window> windows_ ABSL_GUARDED_BY(windows_mu_);
-  std::vector<uint32_t> free_windows_ ABSL_GUARDED_BY(windows_mu_);
+  HostWindowTable<NoExtra> windows_;
 
   std::array<std::unique_ptr<Queue>, kDmaDirectionCount> queues_;
   Mutex shutdown_mu_;
@@ -182,7 +172,8 @@ SimDevice::SimDevice(DeviceInfo info, std::shared_ptr<SimCluster> cluster,
                      .memory_name = absl::StrCat("0x0x", info_.id, "_HBM0"),
                      .threshold = 0,
                      .dump_on_oom = false,
-                     .faults = nullptr}) {
+                     .faults = nullptr}),
+      windows_(info_.name) {
   for (int d = 0; d < kDmaDirectionCount; ++d) {
     queues_[d] = std::make_unique<Queue>(static_cast<DmaDirection>(d),
                                          info_.ring_entries);
@@ -243,60 +234,18 @@ absl::StatusOr<HostWindowId> SimDevice::RegisterHostWindow(const void* base,
         "range at a non-null address",
         base, length, info_.name));
   }
-  WriterMutexLock lock(&windows_mu_);
-  uint32_t index;
-  if (!free_windows_.empty()) {
-    index = free_windows_.back();
-    free_windows_.pop_back();
-  } else {
-    if (windows_.size() > kWindowIndexMask) {
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "RegisterHostWindow on ", info_.name, ": all ",
-          kWindowIndexMask + 1, " host windows are registered"));
-    }
-    index = static_cast<uint32_t>(windows_.size());
-    windows_.emplace_back();
-  }
-  Window& w = windows_[index];
-  w.base = static_cast<const char*>(base);
-  w.length = length;
-  w.generation = (w.generation + 1) & kWindowGenerationMask;
-  w.live = true;
-  return (w.generation << kWindowIndexBits) | index;
+  return windows_.Add(base, length, NoExtra{});
 }
 
 absl::Status SimDevice::UnregisterHostWindow(HostWindowId window) {
-  const uint32_t index = window & kWindowIndexMask;
-  WriterMutexLock lock(&windows_mu_);
-  if (index >= windows_.size() || !windows_[index].live ||
-      windows_[index].generation != (window >> kWindowIndexBits)) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "UnregisterHostWindow(0x%x) on %s: no such window is registered",
-        window, info_.name));
-  }
-  windows_[index].live = false;
-  free_windows_.push_back(index);
-  return absl::OkStatus();
+  return windows_.Remove(window).status();
 }
 
 absl::StatusOr<char*> SimDevice::HostAddress(HostWindowId window,
                                              uint64_t offset,
                                              uint64_t length) const {
-  const uint32_t index = window & kWindowIndexMask;
-  ReaderMutexLock lock(&windows_mu_);
-  if (index >= windows_.size() || !windows_[index].live ||
-      windows_[index].generation != (window >> kWindowIndexBits)) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "DMA fault on %s: host window 0x%x is not registered", info_.name,
-        window));
-  }
-  const Window& w = windows_[index];
-  if (offset > w.length || length > w.length - offset) {
-    return absl::OutOfRangeError(absl::StrFormat(
-        "DMA fault on %s: [%d, +%d) lies outside host window 0x%x of %d "
-        "bytes",
-        info_.name, offset, length, window, w.length));
-  }
+  TPUSHIM_ASSIGN_OR_RETURN(const HostWindowTable<NoExtra>::Window w,
+                           windows_.Find(window, offset, length));
   return const_cast<char*>(w.base) + offset;
 }
 
