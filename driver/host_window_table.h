@@ -47,9 +47,20 @@ class HostWindowTable {
   HostWindowTable(const HostWindowTable&) = delete;
   HostWindowTable& operator=(const HostWindowTable&) = delete;
 
-  // RESOURCE_EXHAUSTED when every slot is taken.
+  // INVALID_ARGUMENT for a null base or a zero length (what
+  // Device::RegisterHostWindow refuses before doing anything).
+  absl::Status Check(const void* base, uint64_t length) const {
+    if (base != nullptr && length != 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "RegisterHostWindow(%p, %d) on %s: the window must be a non-empty "
+        "range at a non-null address",
+        base, length, device_name_));
+  }
+
+  // Check(), then RESOURCE_EXHAUSTED when every slot is taken.
   absl::StatusOr<HostWindowId> Add(const void* base, uint64_t length,
                                    Extra extra) {
+    if (absl::Status valid = Check(base, length); !valid.ok()) return valid;
     WriterMutexLock lock(&mu_);
     uint32_t index;
     if (!free_.empty()) {

@@ -819,12 +819,7 @@ absl::Status NvmeDevice::FreeMemory(uint64_t device_address) {
 
 absl::StatusOr<HostWindowId> NvmeDevice::RegisterHostWindow(const void* base,
                                                             uint64_t length) {
-  if (base == nullptr || length == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "RegisterHostWindow(%p, %d) on %s: the window must be a non-empty "
-        "range at a non-null address",
-        base, length, info_.name));
-  }
+  TPUSHIM_RETURN_IF_ERROR(windows_.Check(base, length));
   const uintptr_t begin = reinterpret_cast<uintptr_t>(base) & ~(kPage - 1);
   const uintptr_t end =
       (reinterpret_cast<uintptr_t>(base) + length + kPage - 1) & ~(kPage - 1);

@@ -228,12 +228,6 @@ absl::Status SimDevice::FreeMemory(uint64_t device_address) {
 
 absl::StatusOr<HostWindowId> SimDevice::RegisterHostWindow(const void* base,
                                                            uint64_t length) {
-  if (base == nullptr || length == 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "RegisterHostWindow(%p, %d) on %s: the window must be a non-empty "
-        "range at a non-null address",
-        base, length, info_.name));
-  }
   return windows_.Add(base, length, NoExtra{});
 }
 
