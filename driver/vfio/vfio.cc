@@ -11,6 +11,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -99,6 +100,10 @@ IovaSpace::IovaSpace(const std::vector<Range>& usable, uint64_t page)
 }
 
 absl::StatusOr<uint64_t> IovaSpace::Allocate(uint64_t bytes) {
+  if (bytes > ~uint64_t{0} - page_ + 1) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("no IOVA range of ", bytes, " bytes can exist"));
+  }
   const uint64_t need = RoundUp(std::max<uint64_t>(bytes, 1));
   for (auto it = free_.begin(); it != free_.end(); ++it) {
     if (it->second - it->first < need) continue;
@@ -262,9 +267,18 @@ absl::Status VfioDevice::Setup(const Options& options) {
         names.ok()) {
       std::sort(names->begin(), names->end());
       for (const std::string& other : *names) {
-        const std::string driver =
-            DriverOf(*os_, absl::StrCat("/sys/bus/pci/devices/", other));
-        if (other != bdf && !driver.empty() && driver != "vfio-pci") {
+        const std::string path = absl::StrCat("/sys/bus/pci/devices/", other);
+        const std::string driver = DriverOf(*os_, path);
+        // Drivers that manage DMA themselves (vfio-pci, pci-stub, pcieport:
+        // driver_managed_dma) leave a group viable, as bridges (PCI class
+        // 0x0604) did on older kernels, and so does having no driver.
+        const absl::StatusOr<std::string> pci_class =
+            os_->ReadFile(path + "/class");
+        const bool bridge =
+            pci_class.ok() &&
+            absl::StartsWith(absl::StripAsciiWhitespace(*pci_class), "0x0604");
+        if (other != bdf && !driver.empty() && driver != "vfio-pci" &&
+            driver != "pci-stub" && driver != "pcieport" && !bridge) {
           others.push_back(absl::StrCat(other, " (bound to ", driver, ")"));
         }
       }
@@ -320,19 +334,30 @@ absl::Status VfioDevice::Setup(const Options& options) {
     }
     if ((info->flags & VFIO_IOMMU_INFO_CAPS) != 0) {
       uint32_t offset = info->cap_offset;
-      while (offset != 0 &&
+      // The chain moves forward through the buffer (the kernel lays it out
+      // so); anything else ends the walk.
+      uint32_t previous = 0;
+      while (offset > previous &&
              offset + sizeof(vfio_info_cap_header) <= buffer.size()) {
+        previous = offset;
         const auto* header =
             reinterpret_cast<const vfio_info_cap_header*>(&buffer[offset]);
-        if (header->id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE) {
+        if (header->id == VFIO_IOMMU_TYPE1_INFO_CAP_IOVA_RANGE &&
+            offset + sizeof(vfio_iommu_type1_info_cap_iova_range) <=
+                buffer.size()) {
           const auto* cap =
               reinterpret_cast<const vfio_iommu_type1_info_cap_iova_range*>(
                   header);
-          for (uint32_t i = 0; i < cap->nr_iovas; ++i) {
+          const uint64_t fit = (buffer.size() - offset -
+                                sizeof(vfio_iommu_type1_info_cap_iova_range)) /
+                               sizeof(vfio_iova_range);
+          for (uint32_t i = 0; i < cap->nr_iovas && i < fit; ++i) {
             ranges.push_back(
                 {cap->iova_ranges[i].start, cap->iova_ranges[i].end});
           }
-        } else if (header->id == VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL) {
+        } else if (header->id == VFIO_IOMMU_TYPE1_INFO_DMA_AVAIL &&
+                   offset + sizeof(vfio_iommu_type1_info_dma_avail) <=
+                       buffer.size()) {
           dma_mappings_left_ =
               reinterpret_cast<const vfio_iommu_type1_info_dma_avail*>(header)
                   ->avail;
@@ -407,7 +432,7 @@ VfioDevice::~VfioDevice() {
   std::map<uint64_t, uint64_t> left;
   {
     MutexLock lock(&mu_);
-    left = mappings_;
+    for (const auto& [iova, m] : mappings_) left[iova] = m.length;
   }
   // Every step is undone even if one fails: closing the container below
   // drops whatever the IOMMU still holds, and closing the device turns its
@@ -581,11 +606,12 @@ absl::StatusOr<uint64_t> VfioDevice::MapDma(const void* vaddr, uint64_t length,
   uint64_t iova = 0;
   {
     MutexLock lock(&mu_);
-    if (mappings_.size() + calls > dma_mappings_left_) {
+    // Each MAP_DMA call is one of the kernel's entries: reserve them all.
+    if (dma_entries_ + calls > dma_mappings_left_) {
       return absl::ResourceExhaustedError(absl::StrCat(
           "the IOMMU of ", name(), " takes no more than ", dma_mappings_left_,
-          " DMA mappings (vfio_iommu_type1 "
-          "dma_entry_limit)"));
+          " DMA mappings (vfio_iommu_type1 dma_entry_limit); ", dma_entries_,
+          " are in use and this one needs ", calls));
     }
     absl::StatusOr<uint64_t> got = iova_->Allocate(length);
     if (!got.ok()) {
@@ -594,6 +620,7 @@ absl::StatusOr<uint64_t> VfioDevice::MapDma(const void* vaddr, uint64_t length,
                                                  " for ", name()));
     }
     iova = *got;
+    dma_entries_ += calls;
   }
   uint64_t done = 0;
   absl::Status status;
@@ -613,35 +640,51 @@ absl::StatusOr<uint64_t> VfioDevice::MapDma(const void* vaddr, uint64_t length,
     if (progress) progress(done, length);
   }
   if (!status.ok()) {
+    bool undone = true;
     if (done > 0) {
       vfio_iommu_type1_dma_unmap unmap{};
       unmap.argsz = sizeof(unmap);
       unmap.iova = iova;
       unmap.size = done;
-      (void)os_->Ioctl(container_fd_, VFIO_IOMMU_UNMAP_DMA, &unmap,
-                       "VFIO_IOMMU_UNMAP_DMA");
+      absl::Status s = os_->Ioctl(container_fd_, VFIO_IOMMU_UNMAP_DMA, &unmap,
+                                  "VFIO_IOMMU_UNMAP_DMA")
+                           .status();
+      if (!s.ok()) {
+        undone = false;
+        LOG(WARNING) << "Undoing a failed IOMMU mapping of " << name() << ": "
+                     << s << "; its IOVA range stays out of use";
+      }
     }
     MutexLock lock(&mu_);
-    iova_->Free(iova, length);
+    if (undone) {
+      iova_->Free(iova, length);
+      dma_entries_ -= calls;
+    } else {
+      // What is still mapped keeps its IOVAs and its kernel entries (the
+      // container's close drops them); the rest is given back.
+      dma_entries_ -= calls - (done + chunk - 1) / chunk;
+    }
     return Annotate(status,
                     absl::StrFormat("IOMMU mapping of %p, %s for %s", vaddr,
                                     HumanReadableBytes(length), name()));
   }
   MutexLock lock(&mu_);
-  mappings_[iova] = length;
+  mappings_[iova] = Mapping{.length = length, .entries = calls};
   mapped_bytes_ += length;
   return iova;
 }
 
 absl::Status VfioDevice::UnmapDma(uint64_t iova, uint64_t length) {
+  uint64_t entries;
   {
     MutexLock lock(&mu_);
     auto it = mappings_.find(iova);
-    if (it == mappings_.end() || it->second != length) {
+    if (it == mappings_.end() || it->second.length != length) {
       return absl::InvalidArgumentError(
           absl::StrFormat("no IOMMU mapping of %d bytes at IOVA 0x%x on %s",
                           length, iova, name()));
     }
+    entries = it->second.entries;
     mappings_.erase(it);
     mapped_bytes_ -= length;
   }
@@ -652,11 +695,13 @@ absl::Status VfioDevice::UnmapDma(uint64_t iova, uint64_t length) {
   absl::Status status = os_->Ioctl(container_fd_, VFIO_IOMMU_UNMAP_DMA, &unmap,
                                    "VFIO_IOMMU_UNMAP_DMA")
                             .status();
-  // The IOVA range goes back to the allocator only when the IOMMU no longer
-  // maps it; otherwise it is leaked (the container's close drops it).
+  // The IOVA range and the kernel entries are given back only when the
+  // IOMMU no longer maps them; otherwise they stay out of use until the
+  // container's close drops them.
   if (status.ok()) {
     MutexLock lock(&mu_);
     iova_->Free(iova, length);
+    dma_entries_ -= entries;
   }
   return status;
 }

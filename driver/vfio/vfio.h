@@ -201,11 +201,18 @@ class VfioDevice {
   uint64_t iova_guard_ = 0;
   uint32_t dma_mappings_left_ = ~0u;  // VFIO's per-container limit
 
+  struct Mapping {
+    uint64_t length = 0;
+    uint64_t entries = 0;  // MAP_DMA calls: the kernel's entries it holds
+  };
+
   mutable Mutex mu_;
   std::unique_ptr<IovaSpace> iova_ ABSL_GUARDED_BY(mu_);
-  // iova -> length of every live MapDma.
-  std::map<uint64_t, uint64_t> mappings_ ABSL_GUARDED_BY(mu_);
+  // Every live MapDma, by IOVA.
+  std::map<uint64_t, Mapping> mappings_ ABSL_GUARDED_BY(mu_);
   uint64_t mapped_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  // The kernel's DMA entries held or reserved (at most dma_mappings_left_).
+  uint64_t dma_entries_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace tpushim
