@@ -192,6 +192,26 @@ void CheckDeviceUrl(absl::string_view text) {
   }
   TPUSHIM_FUZZ_CHECK(url->text == text) << url->text;
   CheckDeviceRanges(*url);
+  if (url->scheme == DeviceUrl::Scheme::kVfio) {
+    TPUSHIM_FUZZ_CHECK(url->queue_depth >= 2 && url->queue_depth <= 4096)
+        << url->text;
+    // Every parameter spelled out, the address in its long form.
+    static constexpr const char* kD2d[] = {"auto", "copy", "bounce"};
+    static constexpr const char* kIrq[] = {"msix", "poll"};
+    const std::string canonical = absl::StrCat(
+        "vfio://", url->pci_address.ToString(),
+        "?engine=nvme&d2d=", kD2d[static_cast<int>(url->d2d)],
+        "&irq=", kIrq[static_cast<int>(url->irq)],
+        "&queue_depth=", url->queue_depth);
+    const absl::StatusOr<DeviceUrl> again = ParseDeviceUrl(canonical);
+    TPUSHIM_FUZZ_CHECK(again.ok()) << canonical << ": " << again.status();
+    TPUSHIM_FUZZ_CHECK(again->pci_address.ToString() ==
+                           url->pci_address.ToString() &&
+                       again->d2d == url->d2d && again->irq == url->irq &&
+                       again->queue_depth == url->queue_depth)
+        << text << " vs " << canonical;
+    return;
+  }
   // Every parameter spelled out, the byte size in bytes.
   const std::string canonical =
       absl::StrCat("sim://?devices=", url->devices, "&hbm=", url->hbm_bytes,
