@@ -122,7 +122,10 @@ struct DemoConfig {
   int64_t steps = kDefaultSteps;
   uint64_t batch_bytes = 0;
   int devices = 1;
-  uint64_t shard_bytes = 0;  // batch_bytes / devices
+  uint64_t shard_bytes = 0;  // batch_bytes / devices, whole blocks
+  // The largest DeviceDescription::block_bytes: shards and rotations are
+  // whole device blocks (NVMe devices move whole logical blocks).
+  uint64_t block_bytes = 1;
   double step_ms = kDefaultStepMs;
   int producers = kDefaultProducers;
 };
@@ -416,12 +419,17 @@ std::unique_ptr<Batch> Pipeline::MakeBatch(int64_t index) {
 
   FillPseudoRandom(batch->data, size, static_cast<uint64_t>(index) + 1);
   const uint64_t n = config_.shard_bytes;
+  const uint64_t blocks = n / config_.block_bytes;
   for (int d = 0; d < config_.devices; ++d) {
-    // 1 .. n-1, different per batch and device.
+    // 1 .. blocks-1 blocks, different per batch and device (0 when the
+    // shard is a single block).
     const uint64_t r =
-        1 + (static_cast<uint64_t>(index) * 7919 + static_cast<uint64_t>(d) *
-                                                       104729) %
-                (n - 1);
+        blocks < 2
+            ? 0
+            : config_.block_bytes *
+                  (1 + (static_cast<uint64_t>(index) * 7919 +
+                        static_cast<uint64_t>(d) * 104729) %
+                           (blocks - 1));
     batch->rotation.push_back(r);
     batch->expected_hash.push_back(RotatedHash(batch->data + d * n, n, r));
   }
@@ -455,10 +463,13 @@ absl::Status Pipeline::ProduceResult(int device, StepWork& work,
   // The result: the shard rotated left by r, on the next device.
   absl::StatusOr<Event> head =
       system_.TransferDeviceToDevice(src, r, dst, 0, n - r);
-  absl::StatusOr<Event> tail =
-      system_.TransferDeviceToDevice(src, 0, dst, n - r, r);
+  // A shard of one device block is not rotated: it has no tail.
+  std::optional<absl::StatusOr<Event>> tail;
+  if (r > 0) tail = system_.TransferDeviceToDevice(src, 0, dst, n - r, r);
   const absl::Status head_status = head.ok() ? head->Await() : head.status();
-  const absl::Status tail_status = tail.ok() ? tail->Await() : tail.status();
+  const absl::Status tail_status =
+      !tail.has_value() ? absl::OkStatus()
+                        : (tail->ok() ? (*tail)->Await() : tail->status());
   if (!head_status.ok()) return head_status;
   if (!tail_status.ok()) return tail_status;
   absl::StatusOr<Event> down = system_.TransferFromDevice(
@@ -1019,6 +1030,16 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
                 flags.json, invalid ? kExitUsage : kExitFailure, context);
     return;
   }
+  config.devices = (*system)->device_count();
+  for (int d = 0; d < config.devices; ++d) {
+    config.block_bytes = std::max<uint64_t>(config.block_bytes,
+                                            (*system)->device(d).block_bytes);
+  }
+  config.shard_bytes = std::max(
+      config.block_bytes,
+      config.batch_bytes / config.devices / config.block_bytes *
+          config.block_bytes);
+  config.batch_bytes = config.shard_bytes * config.devices;
   Summary summary;
   summary.config = config;
   summary.device_url = url;
