@@ -438,8 +438,13 @@ class PointRun {
     out["pinned_alloc_failures"] = failures;
     pinned_failures_ = failures;
 
-    const uint64_t n = w_.transfer_sizes.max();
     const int devices = system_.device_count();
+    // Transfers of whole device blocks (NVMe devices move whole logical
+    // blocks; 1 byte on sim://).
+    for (int d = 0; d < devices; ++d) {
+      block_ = std::max<uint64_t>(block_, system_.device(d).block_bytes);
+    }
+    const uint64_t n = WholeBlocks(w_.transfer_sizes.max());
     for (int i = 0; i < w_.streams; ++i) {
       Stream s;
       s.index = i;
@@ -564,7 +569,7 @@ class PointRun {
       } else if (absl::Now() >= deadline) {
         return;
       }
-      const uint64_t n = w_.transfer_sizes.Draw(rng);
+      const uint64_t n = WholeBlocks(w_.transfer_sizes.Draw(rng));
       const DmaDirection direction = w_.directions[pick_direction(rng)];
       const bool zero_copy = unit(rng) < w_.zero_copy_share;
       void* host = s.host.get();
@@ -588,8 +593,13 @@ class PointRun {
     }
   }
 
+  uint64_t WholeBlocks(uint64_t n) const {
+    return (n + block_ - 1) / block_ * block_;
+  }
+
   System& system_;
   const Workload& w_;
+  uint64_t block_ = 1;  // the largest block_bytes of the devices
   std::vector<PinnedHostBuffer> pinned_;
   uint64_t pinned_failures_ = 0;
   std::vector<Stream> streams_;
