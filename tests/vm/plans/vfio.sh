@@ -16,7 +16,9 @@
 #   startup_lines        a start-up on the device (a one-cell bench) logs the
 #                        CONTRACTS §2 lines, the IOMMU mapping inside
 #                        premapping
-#   bench                a short `tpushim bench` (TCG-bound figures)
+#   bench, demo, tune    a short `tpushim bench`, `demo` (every byte
+#                        checked) and a two-point `tune` sweep, unchanged
+#                        on the device (TCG-bound figures)
 #   vfio_faults          runs with the 1st, 2nd, ... VFIO ioctl failing:
 #                        each ends cleanly, names the fault, holds nothing
 
@@ -88,6 +90,20 @@ vm_run startup_lines startup_lines
 
 vm_run bench tpushim bench --sizes 4K,64K,1M,8M --directions h2d,d2h,d2d \
   --seconds 0.3
+vm_run demo tpushim demo --steps 4 --batch-bytes 4M --step-ms 1
+# tune reports failed transfers per point and still exits 0: they fail
+# the test here.
+tune_sweep() {
+  out=$(tpushim tune --sizes 32M..64M --transfer-sizes loguniform:4K-1M \
+    --count 200)
+  rc=$?
+  echo "$out"
+  [ "$rc" -eq 0 ] || return 1
+  case "$out" in
+    *"transfers failed"* | *"Recommendation: none"*) return 1 ;;
+  esac
+}
+vm_run tune tune_sweep
 
 # vfio_faults: a run (start-up, a transfer, teardown) with its 1st, 2nd,
 # ... VFIO ioctl failing, until a run has no n-th ioctl: each ends with
