@@ -59,6 +59,29 @@ FileInfo ToFileInfo(const struct stat& st) {
   return info;
 }
 
+// Runs `call(done, n, at)` — a pread or pwrite of `n` bytes at file offset
+// `at`, `done` bytes into the buffer — until all `size` bytes moved,
+// retrying short transfers and EINTR. OUT_OF_RANGE when the file ends.
+template <typename Call>
+absl::Status PositionedAll(absl::string_view name, size_t size, uint64_t offset,
+                           Call call) {
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n =
+        call(done, size - done, static_cast<off_t>(offset + done));
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    const std::string what =
+        absl::StrCat(name, "(", size, " bytes at ", offset, ")");
+    if (n < 0) return ErrnoStatus(errno, what);
+    return absl::OutOfRangeError(absl::StrCat(what, ": the file ends first"));
+  }
+  return absl::OkStatus();
+}
+
 // Rounds [addr, addr+length) out to whole pages.
 void PageHull(const void* addr, size_t length, size_t page, void** start,
               size_t* hull_length) {
@@ -464,44 +487,18 @@ class PosixOs final : public Os {
 
   absl::Status PreadAll(int fd, void* data, size_t size,
                         uint64_t offset) override {
-    char* p = static_cast<char*>(data);
-    while (size > 0) {
-      const ssize_t n = pread(fd, p, size, static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        return ErrnoStatus(
-            errno, absl::StrCat("pread(", size, " bytes at ", offset, ")"));
-      }
-      if (n == 0) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "pread(", size, " bytes at ", offset, "): the file ends first"));
-      }
-      p += n;
-      size -= static_cast<size_t>(n);
-      offset += static_cast<uint64_t>(n);
-    }
-    return absl::OkStatus();
+    return PositionedAll(
+        "pread", size, offset, [&](size_t done, size_t n, off_t at) {
+          return pread(fd, static_cast<char*>(data) + done, n, at);
+        });
   }
 
   absl::Status PwriteAll(int fd, const void* data, size_t size,
                          uint64_t offset) override {
-    const char* p = static_cast<const char*>(data);
-    while (size > 0) {
-      const ssize_t n = pwrite(fd, p, size, static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      if (n < 0) {
-        return ErrnoStatus(
-            errno, absl::StrCat("pwrite(", size, " bytes at ", offset, ")"));
-      }
-      if (n == 0) {
-        return absl::OutOfRangeError(absl::StrCat(
-            "pwrite(", size, " bytes at ", offset, "): the file ends first"));
-      }
-      p += n;
-      size -= static_cast<size_t>(n);
-      offset += static_cast<uint64_t>(n);
-    }
-    return absl::OkStatus();
+    return PositionedAll(
+        "pwrite", size, offset, [&](size_t done, size_t n, off_t at) {
+          return pwrite(fd, static_cast<const char*>(data) + done, n, at);
+        });
   }
 
   absl::StatusOr<int> CreateEventFd() override {

@@ -1,11 +1,13 @@
 // Tests of the real OS layer against the running kernel.
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <string>
 
@@ -18,6 +20,7 @@
 namespace tpushim {
 namespace {
 
+using ::testing::HasSubstr;
 using ::tpushim::testutil::TempDir;
 
 TEST(PosixOsTest, MapAdviseLockAndUnmap) {
@@ -178,6 +181,66 @@ TEST(PosixOsTest, DirectoryOperations) {
   EXPECT_EQ(os->Unlink(dir.path() + "/link").code(),
             absl::StatusCode::kNotFound);
   EXPECT_FALSE(os->ListDirectory(dir.path() + "/missing").ok());
+}
+
+TEST(PosixOsTest, PositionedReadsAndWritesMoveExactlyTheirBytes) {
+  Os* os = Os::Default();
+  TempDir dir;
+  absl::StatusOr<int> fd = os->CreateOutputFile(dir.Join("data"));
+  ASSERT_TRUE(fd.ok()) << fd.status();
+  const std::string text = "0123456789";
+  ASSERT_TRUE(os->PwriteAll(*fd, text.data(), text.size(), 100).ok());
+  ASSERT_TRUE(os->Close(*fd).ok());
+  absl::StatusOr<int> rd = os->OpenDevice(dir.Join("data"), O_RDONLY);
+  ASSERT_TRUE(rd.ok()) << rd.status();
+  char back[4] = {};
+  ASSERT_TRUE(os->PreadAll(*rd, back, sizeof(back), 103).ok());
+  EXPECT_EQ(std::string(back, 4), "3456");
+  // Past the end: OUT_OF_RANGE naming the call.
+  const absl::Status end = os->PreadAll(*rd, back, sizeof(back), 108);
+  EXPECT_EQ(end.code(), absl::StatusCode::kOutOfRange) << end;
+  EXPECT_THAT(std::string(end.message()), HasSubstr("pread(4 bytes at 108)"));
+  // Writing a read-only descriptor is EBADF's status, naming the call.
+  const absl::Status bad = os->PwriteAll(*rd, text.data(), 1, 0);
+  EXPECT_EQ(bad.code(), absl::ErrnoToStatusCode(EBADF)) << bad;
+  EXPECT_THAT(std::string(bad.message()), HasSubstr("pwrite(1 bytes at 0)"));
+  EXPECT_TRUE(os->Close(*rd).ok());
+}
+
+TEST(PosixOsTest, EventFdsSignalDrainAndWake) {
+  Os* os = Os::Default();
+  absl::StatusOr<int> a = os->CreateEventFd();
+  absl::StatusOr<int> b = os->CreateEventFd();
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(*os->WaitReadable({*a, *b}, 0), -1);  // nothing signalled
+  ASSERT_TRUE(os->SignalEventFd(*b).ok());
+  ASSERT_TRUE(os->SignalEventFd(*b).ok());
+  EXPECT_EQ(*os->WaitReadable({*a, *b}, 1000), 1);
+  EXPECT_EQ(*os->DrainEventFd(*b), 2u);
+  EXPECT_EQ(*os->DrainEventFd(*b), 0u);  // drained, and non-blocking
+  EXPECT_EQ(*os->WaitReadable({*a, *b}, 0), -1);
+  EXPECT_TRUE(os->Close(*a).ok());
+  EXPECT_TRUE(os->Close(*b).ok());
+}
+
+TEST(PosixOsTest, ReadLinkAndFailingIoctlsNameTheirCall) {
+  Os* os = Os::Default();
+  TempDir dir;
+  ASSERT_TRUE(os->Symlink("../some/target", dir.Join("link")).ok());
+  absl::StatusOr<std::string> target = os->ReadLink(dir.Join("link"));
+  ASSERT_TRUE(target.ok()) << target.status();
+  EXPECT_EQ(*target, "../some/target");
+  EXPECT_EQ(os->ReadLink(dir.Join("missing")).status().code(),
+            absl::StatusCode::kNotFound);
+  absl::StatusOr<int> fd = os->CreateEventFd();
+  ASSERT_TRUE(fd.ok());
+  // An eventfd answers no VFIO request.
+  const absl::StatusOr<int> r =
+      os->Ioctl(*fd, 0x3b64, nullptr, "VFIO_GET_API_VERSION");
+  ASSERT_FALSE(r.ok());
+  EXPECT_THAT(std::string(r.status().message()),
+              HasSubstr("ioctl(VFIO_GET_API_VERSION)"));
+  EXPECT_TRUE(os->Close(*fd).ok());
 }
 
 }  // namespace
