@@ -1,5 +1,7 @@
 #include "env/fault_injection.h"
 
+#include <linux/vfio.h>
+
 #include <errno.h>
 
 #include <algorithm>
@@ -507,7 +509,7 @@ absl::StatusOr<int> FaultInjectingOs::Ioctl(int fd, unsigned long request,
   }
   absl::StatusOr<int> r = OsWrapper::Ioctl(fd, request, arg, name);
   // VFIO_GROUP_GET_DEVICE_FD returns a descriptor the caller must close.
-  if (r.ok() && absl::string_view(name) == "VFIO_GROUP_GET_DEVICE_FD") {
+  if (r.ok() && request == VFIO_GROUP_GET_DEVICE_FD) {
     MutexLock lock(&mu_);
     open_fds_.insert(*r);
   }

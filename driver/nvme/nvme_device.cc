@@ -293,6 +293,7 @@ class NvmeDevice final : public Device {
     uint64_t issued = 0;       // bytes whose commands are issued
     uint32_t outstanding = 0;  // commands issued and not completed
     bool started = false;
+    bool queued = false;  // in Queue::to_issue
     absl::Status status;
     int64_t start_ns = 0;
   };
@@ -879,6 +880,7 @@ size_t NvmeDevice::Submit(DmaDirection direction,
       q.free_slots.pop_back();
       q.slots[slot] = Pending{};
       q.slots[slot].d = descriptors[i];
+      q.slots[slot].queued = true;
       q.to_issue.push_back(slot);
     }
     q.in_flight.fetch_add(static_cast<uint32_t>(accepted),
@@ -1069,6 +1071,7 @@ void NvmeDevice::Issue(Queue& q) {
     }
     if (p.started && p.issued >= p.d.length) {
       q.to_issue.pop_front();
+      p.queued = false;
       if (p.outstanding == 0) Finish(q, slot);
       continue;
     }
@@ -1087,6 +1090,12 @@ void NvmeDevice::Issue(Queue& q) {
 
 void NvmeDevice::Finish(Queue& q, uint32_t slot) {
   Pending& p = q.slots[slot];
+  // A descriptor that failed before all its commands were issued is still
+  // queued (rarely: the queue is searched only then).
+  if (p.queued) {
+    q.to_issue.erase(std::find(q.to_issue.begin(), q.to_issue.end(), slot));
+    p.queued = false;
+  }
   q.done.push_back(DmaCompletion{.user_data = p.d.user_data,
                                  .status = std::move(p.status),
                                  .start_ns = p.start_ns,
@@ -1152,9 +1161,6 @@ void NvmeDevice::Reap(Queue& q) {
     q.free_cids.push_back(cid);
     --p.outstanding;
     if (p.outstanding == 0 && p.issued >= p.d.length) {
-      // Still in to_issue only if it was not fully issued; it is.
-      auto it = std::find(q.to_issue.begin(), q.to_issue.end(), c.slot);
-      if (it != q.to_issue.end()) q.to_issue.erase(it);
       Finish(q, c.slot);
     }
   }
@@ -1169,6 +1175,8 @@ void NvmeDevice::Worker(Queue& q) {
   }
   std::vector<DmaCompletion> done;
   int64_t stuck_since = 0;
+  std::vector<int> fds = {q.wake_fd};
+  if (q.irq_fd >= 0) fds.push_back(q.irq_fd);
   for (;;) {
     bool stop;
     bool busy;
@@ -1194,8 +1202,6 @@ void NvmeDevice::Worker(Queue& q) {
       // Polling: the commands in flight take microseconds to milliseconds.
       std::this_thread::sleep_for(std::chrono::microseconds(20));
     } else {
-      std::vector<int> fds = {q.wake_fd};
-      if (q.irq_fd >= 0) fds.push_back(q.irq_fd);
       // With commands out, wake now and then even without an interrupt.
       (void)os_->WaitReadable(fds, busy ? 100 : -1);
       (void)os_->DrainEventFd(q.wake_fd);
@@ -1234,11 +1240,7 @@ void NvmeDevice::Worker(Queue& q) {
                                "controller was disabled")));
       q.free_cids.push_back(static_cast<uint16_t>(cid));
       --q.outstanding;
-      if (--p.outstanding == 0) {
-        auto it = std::find(q.to_issue.begin(), q.to_issue.end(), c.slot);
-        if (it != q.to_issue.end()) q.to_issue.erase(it);
-        Finish(q, c.slot);
-      }
+      if (--p.outstanding == 0) Finish(q, c.slot);
     }
   }
 }
