@@ -20,9 +20,10 @@
 //                   (default msix; polling when the device has no MSI-X)
 //   queue_depth=N   2 .. 4096 commands per I/O queue    (default 256)
 //
-// Parsing is strict: the URL starts with exactly `sim://` (lower case),
-// nothing stands between `//` and the optional `?<name>=<value>&...`, and
-// every parameter is non-empty. An unknown scheme (the message lists the
+// Parsing is strict: the URL starts with exactly `sim://` or `vfio://`
+// (lower case), nothing but (for vfio://) the PCI address stands between
+// `//` and the optional `?<name>=<value>&...`, and every parameter is
+// non-empty. An unknown scheme (the message lists the
 // supported ones) or parameter, a repeated parameter, a malformed or
 // out-of-range value is INVALID_ARGUMENT naming the parameter and the value,
 // e.g. `devices="0" is out of range [1, 64]`. Integers are strict decimals
