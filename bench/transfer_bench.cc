@@ -50,7 +50,7 @@
 #include "absl/strings/str_format.h"
 #include "benchmark/benchmark.h"
 #include "common/mutex.h"
-#include "driver/devices.h"
+#include "device/devices.h"
 #include "env/device_url.h"
 #include "env/options.h"
 #include "transfer/transfer_engine.h"

@@ -20,7 +20,7 @@ include(CMakePackageConfigHelpers)
 # whole-archive group is linked in this order, and each library must come
 # before the ones it uses or it would be listed twice.
 set(TPUSHIM_INTERNAL_LIBRARIES
-  tpushim_system tpushim_transfer tpushim_driver tpushim_allocator
+  tpushim_system tpushim_transfer tpushim_device tpushim_allocator
   tpushim_logging tpushim_host_facts tpushim_options tpushim_os
   tpushim_common)
 if(TARGET tpushim_capi)

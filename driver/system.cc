@@ -8,7 +8,7 @@
 #include "allocator/premapped_region.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
-#include "driver/devices.h"
+#include "device/devices.h"
 #include "driver/system_internal.h"
 #include "env/fault_injection.h"
 #include "env/options.h"

@@ -18,6 +18,9 @@
 #            `concurrency`, tests/CMakeLists.txt), the stress tool's
 #            short runs included.                                -> build-tsan/
 #
+# Before any job, scripts/check_layers.sh checks that no folder includes a
+# layer above its own (docs/architecture.md).
+#
 # Each job reuses its build directory when it exists. The first failing
 # job stops the script with its status; a summary of job times is printed
 # at the end.
@@ -91,6 +94,9 @@ for job in "${jobs[@]}"; do
       ;;
   esac
 done
+
+echo "=== scripts/test.sh: layering ==="
+bash scripts/check_layers.sh
 
 for job in "${jobs[@]}"; do
   echo "=== scripts/test.sh: job $job ==="

@@ -77,7 +77,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "allocator/premapped_region.h"
-#include "driver/device.h"
+#include "device/device.h"
 #include "env/options.h"
 #include "env/os.h"
 #include "transfer/event.h"

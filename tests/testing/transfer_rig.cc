@@ -4,7 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
-#include "driver/devices.h"
+#include "device/devices.h"
 #include "env/options.h"
 
 namespace tpushim::testutil {

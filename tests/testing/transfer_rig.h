@@ -21,7 +21,7 @@
 
 #include "absl/status/statusor.h"
 #include "allocator/premapped_region.h"
-#include "driver/device.h"
+#include "device/device.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
 #include "transfer/transfer_engine.h"

@@ -1,4 +1,4 @@
-#include "driver/sim/sim_device.h"
+#include "device/sim/sim_device.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -18,7 +18,7 @@
 #include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
-#include "driver/host_window_table.h"
+#include "device/host_window_table.h"
 #include "logging/log.h"
 
 namespace tpushim {

@@ -1,4 +1,4 @@
-// The Device interface (driver/device.h) exercised directly on simulated
+// The Device interface (device/device.h) exercised directly on simulated
 // devices: memory, host windows, DMA data and errors, ring semantics, the
 // link model, injected faults, shutdown and re-entrant submission.
 //
@@ -25,9 +25,9 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "driver/device.h"
-#include "driver/devices.h"
-#include "driver/sim/sim_device.h"
+#include "device/device.h"
+#include "device/devices.h"
+#include "device/sim/sim_device.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"

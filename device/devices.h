@@ -3,14 +3,14 @@
 //
 // Thread-safety: a pure factory.
 
-#ifndef TPUSHIM_DRIVER_DEVICES_H_
-#define TPUSHIM_DRIVER_DEVICES_H_
+#ifndef TPUSHIM_DEVICE_DEVICES_H_
+#define TPUSHIM_DEVICE_DEVICES_H_
 
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "driver/device.h"
+#include "device/device.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
@@ -24,4 +24,4 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
 
 }  // namespace tpushim
 
-#endif  // TPUSHIM_DRIVER_DEVICES_H_
+#endif  // TPUSHIM_DEVICE_DEVICES_H_

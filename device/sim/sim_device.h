@@ -30,14 +30,14 @@
 //
 // Thread-safety: as Device.
 
-#ifndef TPUSHIM_DRIVER_SIM_SIM_DEVICE_H_
-#define TPUSHIM_DRIVER_SIM_SIM_DEVICE_H_
+#ifndef TPUSHIM_DEVICE_SIM_SIM_DEVICE_H_
+#define TPUSHIM_DEVICE_SIM_SIM_DEVICE_H_
 
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "driver/device.h"
+#include "device/device.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
@@ -60,4 +60,4 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
 
 }  // namespace tpushim
 
-#endif  // TPUSHIM_DRIVER_SIM_SIM_DEVICE_H_
+#endif  // TPUSHIM_DEVICE_SIM_SIM_DEVICE_H_

@@ -1,5 +1,5 @@
 // The `vfio://<pci address>?engine=nvme` backend: the Device interface on
-// an NVMe controller driven from user space through VFIO (driver/vfio/),
+// an NVMe controller driven from user space through VFIO (device/vfio/),
 // with namespace 1 playing the device's memory.
 //
 // Start-up (OpenNvmeDevice): VFIO open and function reset, bus mastering,
@@ -45,14 +45,14 @@
 // commands and reaps completions; Submit issues directly when the
 // submission queue has room.
 
-#ifndef TPUSHIM_DRIVER_NVME_NVME_DEVICE_H_
-#define TPUSHIM_DRIVER_NVME_NVME_DEVICE_H_
+#ifndef TPUSHIM_DEVICE_NVME_NVME_DEVICE_H_
+#define TPUSHIM_DEVICE_NVME_NVME_DEVICE_H_
 
 #include <memory>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "driver/device.h"
+#include "device/device.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
@@ -67,4 +67,4 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenNvmeDevices(
 
 }  // namespace tpushim
 
-#endif  // TPUSHIM_DRIVER_NVME_NVME_DEVICE_H_
+#endif  // TPUSHIM_DEVICE_NVME_NVME_DEVICE_H_

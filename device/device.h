@@ -1,5 +1,5 @@
 // The device interface: what the transfer engine needs from an accelerator,
-// implemented by the simulated backend (driver/sim/) and, later, by PCIe
+// implemented by the simulated backend (device/sim/) and, later, by PCIe
 // devices behind VFIO. Nothing above this interface knows which backend it
 // drives.
 //
@@ -34,8 +34,8 @@
 //     ... ring full: keep `d` and submit it after a completion ...
 //   }
 
-#ifndef TPUSHIM_DRIVER_DEVICE_H_
-#define TPUSHIM_DRIVER_DEVICE_H_
+#ifndef TPUSHIM_DEVICE_DEVICE_H_
+#define TPUSHIM_DEVICE_DEVICE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -171,4 +171,4 @@ class Device {
 
 }  // namespace tpushim
 
-#endif  // TPUSHIM_DRIVER_DEVICE_H_
+#endif  // TPUSHIM_DEVICE_DEVICE_H_

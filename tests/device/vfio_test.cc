@@ -1,4 +1,4 @@
-// The VFIO layer (driver/vfio/vfio.h) on the host, without VFIO hardware:
+// The VFIO layer (device/vfio/vfio.h) on the host, without VFIO hardware:
 // IovaSpace on its own, and VfioDevice against FakeVfioOs, a fake kernel
 // that answers the sysfs reads, the /dev/vfio opens and the VFIO ioctls the
 // way Linux does (include/uapi/linux/vfio.h, drivers/vfio/). The real thing
@@ -8,7 +8,7 @@
 // touches the memory), so the tests map made-up, page-aligned addresses of
 // any size at no cost.
 
-#include "driver/vfio/vfio.h"
+#include "device/vfio/vfio.h"
 
 #include <fcntl.h>
 #include <linux/pci_regs.h>

@@ -1,4 +1,4 @@
-#include "driver/vfio/vfio.h"
+#include "device/vfio/vfio.h"
 
 #include <fcntl.h>
 #include <linux/pci_regs.h>

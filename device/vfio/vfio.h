@@ -1,7 +1,7 @@
 // A PCI function driven from user space through VFIO (Linux's
 // Documentation/driver-api/vfio.rst): the generic layer under every
 // `vfio://` engine. It knows PCI and the IOMMU, nothing of the device
-// class; driver/nvme/ builds an NVMe controller on it.
+// class; device/nvme/ builds an NVMe controller on it.
 //
 // VfioDevice::Open walks the whole set-up, each step through the Os layer
 // (fault point `vfio` fails any of its ioctls), and names what is wrong
@@ -38,8 +38,8 @@
 //   TPUSHIM_ASSIGN_OR_RETURN(VfioDevice::Bar bar0, dev->MapBar(0));
 //   TPUSHIM_ASSIGN_OR_RETURN(uint64_t iova, dev->MapDma(buffer, bytes));
 
-#ifndef TPUSHIM_DRIVER_VFIO_VFIO_H_
-#define TPUSHIM_DRIVER_VFIO_VFIO_H_
+#ifndef TPUSHIM_DEVICE_VFIO_VFIO_H_
+#define TPUSHIM_DEVICE_VFIO_VFIO_H_
 
 #include <cstdint>
 #include <functional>
@@ -217,4 +217,4 @@ class VfioDevice {
 
 }  // namespace tpushim
 
-#endif  // TPUSHIM_DRIVER_VFIO_VFIO_H_
+#endif  // TPUSHIM_DEVICE_VFIO_VFIO_H_

@@ -1,4 +1,4 @@
-#include "driver/nvme/nvme_device.h"
+#include "device/nvme/nvme_device.h"
 
 #include <pthread.h>
 #include <sys/mman.h>
@@ -19,8 +19,8 @@
 #include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
-#include "driver/host_window_table.h"
-#include "driver/vfio/vfio.h"
+#include "device/host_window_table.h"
+#include "device/vfio/vfio.h"
 #include "logging/log.h"
 
 namespace tpushim {

@@ -1,7 +1,7 @@
-#include "driver/devices.h"
+#include "device/devices.h"
 
-#include "driver/nvme/nvme_device.h"
-#include "driver/sim/sim_device.h"
+#include "device/nvme/nvme_device.h"
+#include "device/sim/sim_device.h"
 
 namespace tpushim {
 

@@ -1,4 +1,4 @@
-#include "driver/device.h"
+#include "device/device.h"
 
 namespace tpushim {
 

@@ -15,8 +15,8 @@
 //   TPUSHIM_ASSIGN_OR_RETURN(HostWindowId id, windows.Add(base, n, iova));
 //   TPUSHIM_ASSIGN_OR_RETURN(auto w, windows.Find(id, offset, length));
 
-#ifndef TPUSHIM_DRIVER_HOST_WINDOW_TABLE_H_
-#define TPUSHIM_DRIVER_HOST_WINDOW_TABLE_H_
+#ifndef TPUSHIM_DEVICE_HOST_WINDOW_TABLE_H_
+#define TPUSHIM_DEVICE_HOST_WINDOW_TABLE_H_
 
 #include <cstdint>
 #include <string>
@@ -29,7 +29,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/mutex.h"
-#include "driver/device.h"
+#include "device/device.h"
 
 namespace tpushim {
 
@@ -154,4 +154,4 @@ class HostWindowTable {
 
 }  // namespace tpushim
 
-#endif  // TPUSHIM_DRIVER_HOST_WINDOW_TABLE_H_
+#endif  // TPUSHIM_DEVICE_HOST_WINDOW_TABLE_H_

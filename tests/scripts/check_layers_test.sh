@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# scripts/check_layers.sh: passes on the checkout, and fails, naming the
+# file, the line and the layers, on a tree with includes that run upwards.
+set -euo pipefail
+script=$1
+checkout=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+bash "$script" "$checkout"
+
+mkdir -p "$work"/{common,device,transfer,driver,tools,bench,tests,include/tpushim}
+cat >"$work/device/sim.cc" <<'SRC'
+#include "common/mutex.h"
+#include "device/device.h"
+#include "tpushim/transfer.h"
+#include "transfer/transfer_engine.h"
+#include <vector>
+#include "absl/status/status.h"
+SRC
+cat >"$work/transfer/engine.h" <<'SRC'
+#include "tpushim/system.h"
+SRC
+cat >"$work/common/x.h" <<'SRC'
+#include "tests/testing/temp_dir.h"
+SRC
+cat >"$work/tools/t.cc" <<'SRC'
+#include "driver/system_internal.h"
+#include "bench/x.h"
+SRC
+cat >"$work/include/tpushim/stats.h" <<'SRC'
+#include "tpushim/transfer.h"
+#include "tpushim/c_api.h"
+SRC
+
+if out=$(bash "$script" "$work" 2>&1); then
+  echo "FAIL: check_layers.sh passed a tree with upward includes" >&2
+  exit 1
+fi
+expect=(
+  'device/sim.cc:4: includes "transfer/transfer_engine.h", a layer above its own (transfer is above device)'
+  'transfer/engine.h:1: includes "tpushim/system.h", a layer above its own'
+  'common/x.h:1: includes "tests/testing/temp_dir.h": tests/ is not a layer of the library'
+  'tools/t.cc:2: includes "bench/x.h": the top folders tools and bench do not include each other'
+  'include/tpushim/stats.h:2: includes "tpushim/c_api.h", a layer above its own'
+)
+for line in "${expect[@]}"; do
+  if ! grep -qF "$line" <<<"$out"; then
+    printf 'FAIL: expected the line\n  %s\nin\n%s\n' "$line" "$out" >&2
+    exit 1
+  fi
+done
+if [[ $(grep -c ': includes ' <<<"$out") -ne ${#expect[@]} ]]; then
+  printf 'FAIL: allowed includes reported:\n%s\n' "$out" >&2
+  exit 1
+fi
+echo "PASS"
