@@ -1,0 +1,343 @@
+// The transfer engine's inside (transfer/transfer_engine.h is its face):
+// the state of a device buffer (Allocation), of one operation and its
+// chunks (Op, Chunk), and the Engine that runs them. Its methods are
+// defined by job:
+//
+//   transfer_engine.cc     start-up, shutdown, statistics, the public wrappers
+//   engine_buffers.cc      device buffers: allocate, use, deallocate, free
+//   engine_queues.cc       path choice, submission, the queues, starting an
+//                          operation, descriptors and ring overflow
+//   engine_staging.cc      the staged path: staging budget and the pipeline
+//   engine_pinned.cc       the pinned path
+//   engine_completion.cc   DMA completions, finishing and cancelling
+//
+// Thread-safety: as TransferEngine's (see its header); the members say
+// which lock guards them.
+
+#ifndef TPUSHIM_TRANSFER_ENGINE_H_
+#define TPUSHIM_TRANSFER_ENGINE_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/types/span.h"
+#include "allocator/premapped_region.h"
+#include "common/mutex.h"
+#include "device/device.h"
+#include "env/os.h"
+#include "transfer/event.h"
+#include "transfer/host_worker.h"
+#include "transfer/pin_tracker.h"
+#include "transfer/trace.h"
+#include "transfer/transfer_engine.h"
+#include "tpushim/transfer.h"
+
+namespace tpushim::transfer_internal {
+
+// Transfers up to this size finish within microseconds: their awaiters
+// poll before sleeping.
+inline constexpr uint64_t kSpinAwaitMaxBytes = 256 << 10;
+
+// How long a staged host→device copier polls for one of its buffers to
+// come back before it sleeps.
+inline constexpr int64_t kCopierSpinNs = 50'000;
+
+// A device buffer's state, shared by its DeviceBuffer handles.
+struct Allocation {
+  uint64_t engine_serial = 0;
+  int device = 0;
+  uint64_t address = 0;
+  uint64_t size = 0;
+
+  Mutex mu;
+  // Operations submitted on the buffer and not finished.
+  uint64_t ops ABSL_GUARDED_BY(mu) = 0;
+  bool deallocating ABSL_GUARDED_BY(mu) = false;
+  bool freed ABSL_GUARDED_BY(mu) = false;
+  // Deallocate: what it still waits for (wait_for events not ready, plus
+  // one for `ops` reaching 0), its event and first failed dependency.
+  int dealloc_waiting ABSL_GUARDED_BY(mu) = 0;
+  std::shared_ptr<EventState> dealloc_event ABSL_GUARDED_BY(mu);
+  absl::Status dealloc_error ABSL_GUARDED_BY(mu);
+};
+
+enum class OpKind { kToDevice, kFromDevice, kDeviceToDevice };
+
+struct Op;
+
+struct Chunk {
+  Op* op = nullptr;
+  uint32_t index = 0;
+  uint64_t offset = 0;  // within the transfer
+  uint64_t length = 0;
+  char* staging = nullptr;
+  int64_t submit_ns = 0;
+};
+
+struct Op {
+  uint64_t id = 0;
+  OpKind kind = OpKind::kToDevice;
+  DmaDirection direction = DmaDirection::kHostToDevice;
+  TransferPath path = TransferPath::kZeroCopy;
+  // Why a pinned transfer is pinned: 0 over threshold, 1 region off,
+  // 2 staging timeout.
+  int pin_reason = 0;
+  int device = 0;  // the queue's device
+  const char* src = nullptr;  // host source (to device)
+  char* dst = nullptr;        // host destination (from device)
+  uint64_t size = 0;
+  std::shared_ptr<Allocation> buffer;  // device side (d2d: source)
+  uint64_t buffer_offset = 0;
+  std::shared_ptr<Allocation> peer;  // d2d destination
+  uint64_t peer_offset = 0;
+  HostBufferSemantics semantics =
+      HostBufferSemantics::kImmutableUntilTransferCompletes;
+  std::shared_ptr<EventState> event;
+  int64_t submit_ns = 0;
+  int64_t start_ns = 0;  // 0 until started
+  uint64_t staging_chunk = 0;  // staged: bytes per staging buffer
+
+  // Dependencies: unresolved wait_for events, plus one held by Submit.
+  std::atomic<int> deps_pending{1};
+  std::atomic<bool> deps_ready{false};
+
+  // Chunks not yet completed, plus one held by the starter.
+  std::atomic<uint64_t> outstanding{1};
+  std::vector<Chunk> chunks;
+  // Pinned path.
+  HostWindowId window = kInvalidHostWindow;
+  PinTracker::Lease lease;
+  // Kept alive from start to finish (chunks point into it).
+  std::shared_ptr<Op> self;
+  // Set when the engine no longer reads or writes the caller's buffer
+  // (kImmutableOnlyDuringCall waits for it).
+  Notification host_released;
+
+  Mutex mu;
+  absl::Status error ABSL_GUARDED_BY(mu);
+  // Staged host→device: buffers whose chunk completed, ready for reuse,
+  // and whether the copier still wants them.
+  std::vector<char*> free_staging ABSL_GUARDED_BY(mu);
+  std::atomic<uint32_t> recycled{0};  // free_staging.size(), for polling
+  bool copying ABSL_GUARDED_BY(mu) = true;
+  bool copier_sleeping ABSL_GUARDED_BY(mu) = false;
+  CondVar staging_cv;
+  // Staged device→host: the next chunk to submit.
+  uint32_t next_chunk ABSL_GUARDED_BY(mu) = 0;
+
+  void RecordError(const absl::Status& s) {
+    MutexLock lock(&mu);
+    if (error.ok()) error = s;
+  }
+  absl::Status Error() {
+    MutexLock lock(&mu);
+    return error;
+  }
+};
+class Engine {
+ public:
+  Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
+         TransferEngine::Config config, std::array<uint64_t, 2> chunk_bytes,
+         uint64_t max_staging);
+  ~Engine();
+
+  // `region_windows`: the region's windows, already registered (or empty).
+  absl::Status Start(std::vector<HostWindowId> region_windows);
+  void Shutdown();
+
+  int device_count() const { return static_cast<int>(devices_.size()); }
+  absl::StatusOr<DeviceBuffer> Allocate(int device, uint64_t size);
+  absl::StatusOr<Event> Deallocate(const DeviceBuffer& buffer,
+                                   absl::Span<const Event> wait_for);
+  absl::StatusOr<Event> Submit(std::shared_ptr<Op> op,
+                               absl::Span<const Event> wait_for);
+  // INVALID_ARGUMENT when `wait_for` holds a pending event of another
+  // engine: its continuation would call into this one, which may be gone
+  // by then.
+  absl::Status CheckWaitFor(absl::Span<const Event> wait_for) const {
+    for (const Event& e : wait_for) {
+      const auto& state = e.state();
+      if (state->owner() != nullptr && state->owner() != this &&
+          !state->IsReady()) {
+        return absl::InvalidArgumentError(
+            "wait_for holds a pending event of another system; wait for "
+            "it (Await or a callback) before submitting here");
+      }
+    }
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::shared_ptr<Op>> NewHostOp(
+      OpKind kind, const DeviceBuffer& buffer, uint64_t offset,
+      const void* host, uint64_t size, HostBufferSemantics semantics);
+  absl::StatusOr<std::shared_ptr<Op>> NewDeviceToDeviceOp(
+      const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
+      uint64_t dst_offset, uint64_t size);
+  TransferPath PathFor(const void* host, uint64_t size, int* reason) const;
+  TransferEngine::Stats GetStats() const;
+
+  static std::shared_ptr<Allocation> AllocationOf(const DeviceBuffer& b) {
+    return b.allocation_;
+  }
+
+ private:
+  struct Queue {
+    int device = 0;
+    DmaDirection direction = DmaDirection::kHostToDevice;
+    Device* dev = nullptr;
+
+    Mutex mu;
+    CondVar cv;
+    std::deque<std::shared_ptr<Op>> pending ABSL_GUARDED_BY(mu);
+    bool starting ABSL_GUARDED_BY(mu) = false;
+    bool stop ABSL_GUARDED_BY(mu) = false;
+    std::thread worker;
+
+    // Descriptors the ring had no room for, in order. Device::Submit is
+    // called under ring_mu (it never blocks) so the ring sees one order.
+    Mutex ring_mu;
+    std::deque<DmaDescriptor> overflow ABSL_GUARDED_BY(ring_mu);
+    std::atomic<bool> has_overflow{false};
+
+    std::atomic<uint64_t> submitted{0}, completed{0}, failed{0},
+        cancelled{0}, descriptors{0}, ring_full{0}, in_flight{0};
+  };
+
+  // The sink of one device.
+  class Sink final : public DmaCompletionSink {
+   public:
+    Sink(Engine* engine, int device) : engine_(engine), device_(device) {}
+    void OnDmaComplete(DmaDirection direction,
+                       absl::Span<const DmaCompletion> completions) override {
+      engine_->OnDmaComplete(device_, direction, completions);
+    }
+
+   private:
+    Engine* const engine_;
+    const int device_;
+  };
+
+  Queue& QueueOf(int device, DmaDirection d) {
+    return *queues_[device * kDmaDirectionCount + static_cast<int>(d)];
+  }
+  absl::Status CheckOpen() const;
+  absl::StatusOr<std::shared_ptr<Allocation>> UseBuffer(
+      const DeviceBuffer& buffer, uint64_t offset, uint64_t size,
+      absl::string_view what);
+  void ReleaseBufferUse(const std::shared_ptr<Allocation>& a);
+  void DeallocStep(const std::shared_ptr<Allocation>& a);
+  void FreeAllocation(const std::shared_ptr<Allocation>& a);
+
+  void DepDone(const std::shared_ptr<Op>& op);
+  void Kick(Queue& q);
+  void WorkerLoop(Queue& q);
+  // Starts `op`. With `may_block` false, returns false (having done
+  // nothing) when starting would have to wait for staging room.
+  bool StartOp(const std::shared_ptr<Op>& op, bool may_block);
+  bool InlineStartable(const Op& op) const;
+  void StartDescriptors(Op& op, HostWindowId window, uint64_t host_base);
+  // The first staging buffer of a staged transfer, waiting up to
+  // Config::staging_wait when `may_block`. kWouldBlock: none now and
+  // `may_block` is false (nothing done). kHandled: none in time, so the
+  // operation went pinned, or was cancelled by shutdown.
+  enum class FirstStaging { kAcquired, kWouldBlock, kHandled };
+  FirstStaging AcquireFirstStaging(Op& op, bool may_block, char** first);
+  bool StartStagedToDevice(Op& op, bool may_block);
+  bool StartStagedFromDevice(Op& op, bool may_block);
+  void StartPinned(Op& op, int reason);
+  void SubmitChunk(Op& op, Chunk& chunk, HostWindowId window,
+                   uint64_t host_offset);
+  void SubmitDescriptors(Queue& q, absl::Span<const DmaDescriptor> d);
+  void DrainOverflow(Queue& q);
+  void SubmitOverflowLocked(Queue& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.ring_mu);
+  void ChunkDone(Op& op, uint64_t n = 1);
+  void FinishOp(Op& op);
+  void CompleteOp(Op& op);
+  void CancelUnstarted(const std::shared_ptr<Op>& op, absl::Status status);
+  void OnDmaComplete(int device, DmaDirection direction,
+                     absl::Span<const DmaCompletion> completions);
+  void NextFromDevice(Op& op, Chunk& chunk, bool ok);
+  void WarnPinned(const Op& op, int reason);
+
+  char* AcquireStaging(uint64_t bytes, int64_t deadline_ns, bool* waited);
+  void ReleaseStaging(char* p, uint64_t bytes);
+
+  // Constant after construction.
+  const uint64_t serial_;
+  const std::vector<Device*> devices_;
+  PremappedRegion* const region_;
+  Os* const os_;
+  const TransferEngine::Config config_;
+  // Staging chunk per direction (host→device, device→host).
+  const std::array<uint64_t, 2> chunk_bytes_;
+  const uint64_t max_staging_;
+  const uint64_t threshold_;
+  const int64_t origin_ns_;
+
+  CallbackExecutor callbacks_;
+  HostWorker host_worker_{"tpushim-host"};
+  PinTracker pins_;
+  std::unique_ptr<TraceRecorder> trace_;
+  std::vector<std::unique_ptr<Sink>> sinks_;
+  std::vector<HostWindowId> region_windows_;  // per device
+  std::vector<std::unique_ptr<Queue>> queues_;
+  std::atomic<uint64_t> next_op_id_{1};
+
+  mutable Mutex mu_;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  bool shut_down_ ABSL_GUARDED_BY(mu_) = false;
+  CondVar shut_down_cv_;
+  absl::flat_hash_map<Allocation*, std::shared_ptr<Allocation>> live_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  std::atomic<bool> closing_{false};  // mirrors shutting_down_, lock-free
+
+  // Operations not yet ready; Shutdown waits for 0.
+  Mutex idle_mu_;
+  CondVar idle_cv_;
+  uint64_t unfinished_ ABSL_GUARDED_BY(idle_mu_) = 0;
+  // Stats::events_pending: like unfinished_, but decremented just before
+  // the event is resolved (unfinished_ only after, for Shutdown), so a
+  // caller that saw every event ready reads 0.
+  std::atomic<uint64_t> events_not_ready_{0};
+  // DMA threads inside OnDmaComplete. The one that completes the last
+  // operation still touches the engine afterwards (DrainOverflow, a
+  // HostWorker wake-up), so Shutdown waits for 0 after unfinished_ is 0.
+  std::atomic<int> in_completion_{0};
+
+  // Staging budget.
+  std::atomic<uint64_t> staging_in_flight_{0};
+  std::atomic<uint64_t> staging_peak_{0};
+  Mutex staging_mu_;
+  CondVar staging_cv_;
+  int staging_waiters_ ABSL_GUARDED_BY(staging_mu_) = 0;
+  std::atomic<uint64_t> staging_waits_{0};
+  std::atomic<int64_t> staging_wait_ns_{0};
+
+  // Statistics.
+  struct PathCounters {
+    std::atomic<uint64_t> transfers{0}, bytes{0}, failed{0};
+    std::atomic<int64_t> busy_ns{0};
+    std::atomic<int64_t> active_ns{0};
+  };
+  std::array<std::array<PathCounters, kTransferPathCount>, 2> host_stats_;
+  PathCounters d2d_stats_;
+  std::array<std::atomic<uint64_t>, 3> pinned_reasons_{};
+
+  // Rate limit of the pinned-path WARNING.
+  Mutex warn_mu_;
+  int64_t last_warning_ns_ ABSL_GUARDED_BY(warn_mu_) = 0;
+  uint64_t suppressed_warnings_ ABSL_GUARDED_BY(warn_mu_) = 0;
+};
+
+}  // namespace tpushim::transfer_internal
+
+#endif  // TPUSHIM_TRANSFER_ENGINE_H_

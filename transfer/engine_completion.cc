@@ -1,0 +1,151 @@
+#include "transfer/engine.h"
+
+#include <cstring>
+#include <memory>
+#include <utility>
+
+#include "logging/log.h"
+
+namespace tpushim::transfer_internal {
+
+// ---- Completion ------------------------------------------------------------
+
+void Engine::OnDmaComplete(int device, DmaDirection direction,
+                           absl::Span<const DmaCompletion> completions) {
+  // Counted before any of the completions can finish an operation (and so
+  // before unfinished_ can reach 0), uncounted last.
+  in_completion_.fetch_add(1, std::memory_order_relaxed);
+  Queue& q = QueueOf(device, direction);
+  for (const DmaCompletion& c : completions) {
+    Chunk& chunk = *reinterpret_cast<Chunk*>(c.user_data);
+    Op& op = *chunk.op;
+    q.descriptors.fetch_add(1, std::memory_order_relaxed);
+    if (trace_) {
+      trace_->Descriptor(
+          device, static_cast<int>(direction),
+          // The names are literals: .data() is NUL-terminated.
+          op.kind == OpKind::kDeviceToDevice ? "copy"
+                                             : TransferPathName(op.path).data(),
+          DmaDirectionName(direction).data(), op.id, chunk.index, chunk.length,
+          chunk.submit_ns, c.start_ns, c.end_ns, !c.status.ok());
+    }
+    if (!c.status.ok()) op.RecordError(c.status);
+    if (op.path == TransferPath::kStaged &&
+        op.kind != OpKind::kDeviceToDevice) {
+      if (op.kind == OpKind::kToDevice) {
+        bool reuse;
+        bool wake = false;
+        {
+          MutexLock lock(&op.mu);
+          reuse = op.copying;
+          if (reuse) {
+            op.free_staging.push_back(chunk.staging);
+            op.recycled.fetch_add(1, std::memory_order_release);
+            wake = op.copier_sleeping;
+          }
+        }
+        if (reuse) {
+          if (wake) op.staging_cv.Signal();
+        } else {
+          ReleaseStaging(chunk.staging, op.staging_chunk);
+        }
+        chunk.staging = nullptr;
+      } else {
+        if (c.status.ok() && chunk.length > config_.inline_copy_bytes) {
+          Chunk* cp = &chunk;
+          host_worker_.Post([this, cp] {
+            std::memcpy(cp->op->dst + cp->offset, cp->staging, cp->length);
+            NextFromDevice(*cp->op, *cp, true);
+          });
+          continue;
+        }
+        if (c.status.ok()) {
+          std::memcpy(op.dst + chunk.offset, chunk.staging, chunk.length);
+        }
+        NextFromDevice(op, chunk, c.status.ok());
+        continue;
+      }
+    }
+    ChunkDone(op);
+  }
+  DrainOverflow(q);
+  in_completion_.fetch_sub(1, std::memory_order_release);
+}
+
+
+void Engine::ChunkDone(Op& op, uint64_t n) {
+  if (op.outstanding.fetch_sub(n, std::memory_order_acq_rel) == n) {
+    FinishOp(op);
+  }
+}
+
+void Engine::FinishOp(Op& op) {
+  if (op.window != kInvalidHostWindow || !op.lease.segments.empty()) {
+    // Unregistering and unpinning are system calls: off the DMA thread.
+    host_worker_.Post([this, &op] {
+      if (op.window != kInvalidHostWindow) {
+        absl::Status s = devices_[op.device]->UnregisterHostWindow(op.window);
+        if (!s.ok()) LOG(ERROR) << s;
+        op.window = kInvalidHostWindow;
+      }
+      pins_.Unpin(std::move(op.lease));
+      op.lease.segments.clear();
+      CompleteOp(op);
+    });
+    return;
+  }
+  CompleteOp(op);
+}
+
+void Engine::CompleteOp(Op& op) {
+  std::shared_ptr<Op> keep = std::move(op.self);
+  const absl::Status status = op.Error();
+  Queue& q = QueueOf(op.device, op.direction);
+  q.in_flight.fetch_sub(1, std::memory_order_relaxed);
+  if (status.ok()) {
+    q.completed.fetch_add(1, std::memory_order_relaxed);
+  } else if (absl::IsCancelled(status)) {
+    q.cancelled.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    q.failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  PathCounters& stats =
+      op.kind == OpKind::kDeviceToDevice
+          ? d2d_stats_
+          : host_stats_[static_cast<int>(op.direction)]
+                       [static_cast<int>(op.path)];
+  stats.transfers.fetch_add(1, std::memory_order_relaxed);
+  if (status.ok()) {
+    stats.bytes.fetch_add(op.size, std::memory_order_relaxed);
+  } else {
+    stats.failed.fetch_add(1, std::memory_order_relaxed);
+  }
+  const int64_t now = os_->MonotonicNanos();
+  stats.busy_ns.fetch_add(now - op.submit_ns, std::memory_order_relaxed);
+  if (op.start_ns != 0) {
+    stats.active_ns.fetch_add(now - op.start_ns, std::memory_order_relaxed);
+  }
+  // Not ready for stats from here on (see events_not_ready_).
+  events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
+  op.event->Resolve(status);
+  // After Resolve: a Deallocate waiting for this operation must not free
+  // the buffer (and report it free) while the operation's event is still
+  // pending, and a kImmutableOnlyDuringCall caller that returns on
+  // host_released must find its event ready.
+  ReleaseBufferUse(op.buffer);
+  if (op.peer) ReleaseBufferUse(op.peer);
+  op.host_released.Notify();
+  MutexLock lock(&idle_mu_);
+  if (--unfinished_ == 0) idle_cv_.SignalAll();
+}
+
+void Engine::CancelUnstarted(const std::shared_ptr<Op>& op,
+                             absl::Status status) {
+  op->RecordError(status);
+  op->self = op;
+  QueueOf(op->device, op->direction)
+      .in_flight.fetch_add(1, std::memory_order_relaxed);
+  CompleteOp(*op);
+}
+
+}  // namespace tpushim::transfer_internal

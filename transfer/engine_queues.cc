@@ -1,0 +1,339 @@
+#include "transfer/engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <memory>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+
+namespace tpushim::transfer_internal {
+
+// ---- Submission ------------------------------------------------------------
+
+TransferPath Engine::PathFor(const void* host, uint64_t size,
+                             int* reason) const {
+  *reason = 0;
+  if (region_ == nullptr) {
+    *reason = 1;
+    return TransferPath::kPinned;
+  }
+  if (size > 0 && region_->allocator().Contains(host, size)) {
+    return TransferPath::kZeroCopy;
+  }
+  if (size <= threshold_) return TransferPath::kStaged;
+  return TransferPath::kPinned;
+}
+
+absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
+    OpKind kind, const DeviceBuffer& buffer, uint64_t offset,
+    const void* host, uint64_t size, HostBufferSemantics semantics) {
+  const bool to_device = kind == OpKind::kToDevice;
+  const char* what = to_device ? "TransferToDevice" : "TransferFromDevice";
+  TPUSHIM_RETURN_IF_ERROR(CheckOpen());
+  if (host == nullptr && size > 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the host buffer is null"));
+  }
+  if (size > 0 && reinterpret_cast<uintptr_t>(host) + size <
+                      reinterpret_cast<uintptr_t>(host)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the host range wraps around the address space"));
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<Allocation> a,
+                           UseBuffer(buffer, offset, size, what));
+  auto op = std::make_shared<Op>();
+  op->kind = kind;
+  op->direction =
+      to_device ? DmaDirection::kHostToDevice : DmaDirection::kDeviceToHost;
+  op->device = a->device;
+  op->path = PathFor(host, size, &op->pin_reason);
+  if (to_device) {
+    op->src = static_cast<const char*>(host);
+  } else {
+    op->dst = static_cast<char*>(const_cast<void*>(host));
+  }
+  op->size = size;
+  op->buffer = std::move(a);
+  op->buffer_offset = offset;
+  op->semantics = semantics;
+  op->staging_chunk = std::min(chunk_bytes_[to_device ? 0 : 1], size);
+  return op;
+}
+
+absl::StatusOr<std::shared_ptr<Op>> Engine::NewDeviceToDeviceOp(
+    const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
+    uint64_t dst_offset, uint64_t size) {
+  TPUSHIM_RETURN_IF_ERROR(CheckOpen());
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<Allocation> s,
+      UseBuffer(src, src_offset, size, "TransferDeviceToDevice (source)"));
+  absl::StatusOr<std::shared_ptr<Allocation>> d =
+      UseBuffer(dst, dst_offset, size, "TransferDeviceToDevice (destination)");
+  if (!d.ok()) {
+    ReleaseBufferUse(s);
+    return d.status();
+  }
+  auto op = std::make_shared<Op>();
+  op->kind = OpKind::kDeviceToDevice;
+  op->direction = DmaDirection::kDeviceToDevice;
+  op->device = s->device;
+  op->size = size;
+  op->buffer = std::move(s);
+  op->buffer_offset = src_offset;
+  op->peer = *std::move(d);
+  op->peer_offset = dst_offset;
+  return op;
+}
+
+absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
+                                     absl::Span<const Event> wait_for) {
+  op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+  op->event = std::make_shared<EventState>(&callbacks_, this);
+  // Awaiting a small transfer polls; a large one sleeps at once.
+  if (op->size > kSpinAwaitMaxBytes) op->event->set_await_spin_ns(0);
+  op->submit_ns = os_->MonotonicNanos();
+  Queue& q = QueueOf(op->device, op->direction);
+  {
+    MutexLock lock(&idle_mu_);
+    ++unfinished_;
+  }
+  events_not_ready_.fetch_add(1, std::memory_order_acq_rel);
+  q.submitted.fetch_add(1, std::memory_order_relaxed);
+  op->deps_pending.store(static_cast<int>(wait_for.size()) + 1,
+                         std::memory_order_relaxed);
+  bool queue_idle;
+  bool stopped;
+  {
+    MutexLock lock(&q.mu);
+    stopped = q.stop;
+    queue_idle = q.pending.empty() && !q.starting;
+    if (!stopped) q.pending.push_back(op);
+  }
+  if (stopped) {
+    // Lost the race with Shutdown, which has already emptied the queue.
+    CancelUnstarted(op, absl::CancelledError(
+                            "the transfer engine shut down before the "
+                            "transfer started"));
+    return Event(op->event);
+  }
+  for (const Event& e : wait_for) {
+    e.state()->AddContinuation([this, op](const absl::Status& s) {
+      if (!s.ok()) op->RecordError(s);
+      DepDone(op);
+    });
+  }
+  // Drop Submit's hold on the dependencies. When they are all ready and the
+  // queue was idle, start here, on the caller's thread, if that cannot
+  // block: no thread hop for the common small transfer.
+  Event event(op->event);
+  if (op->deps_pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    op->deps_ready.store(true, std::memory_order_release);
+    bool inline_start = false;
+    if (queue_idle && InlineStartable(*op)) {
+      MutexLock lock(&q.mu);
+      if (!q.starting && !q.pending.empty() && q.pending.front() == op) {
+        q.pending.pop_front();
+        q.starting = true;
+        inline_start = true;
+      }
+    }
+    if (inline_start) {
+      const bool started = StartOp(op, /*may_block=*/false);
+      bool wake;
+      bool cancel = false;
+      {
+        MutexLock lock(&q.mu);
+        if (!started) {
+          if (q.stop) {
+            cancel = true;
+          } else {
+            q.pending.push_front(op);
+          }
+        }
+        q.starting = false;
+        wake = !q.pending.empty() &&
+               q.pending.front()->deps_ready.load(std::memory_order_acquire);
+      }
+      if (cancel) {
+        CancelUnstarted(op, absl::CancelledError(
+                                "the transfer engine shut down before the "
+                                "transfer started"));
+      }
+      if (wake) q.cv.Signal();
+    } else {
+      Kick(q);
+    }
+  }
+  if (op->semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
+    op->host_released.WaitForNotification();
+  }
+  return event;
+}
+
+void Engine::DepDone(const std::shared_ptr<Op>& op) {
+  if (op->deps_pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+  op->deps_ready.store(true, std::memory_order_release);
+  Kick(QueueOf(op->device, op->direction));
+}
+
+void Engine::Kick(Queue& q) {
+  bool wake;
+  {
+    MutexLock lock(&q.mu);
+    wake = !q.starting && !q.pending.empty() &&
+           q.pending.front()->deps_ready.load(std::memory_order_acquire);
+  }
+  if (wake) q.cv.Signal();
+}
+
+void Engine::WorkerLoop(Queue& q) {
+  MutexLock lock(&q.mu);
+  for (;;) {
+    while (!q.stop &&
+           (q.starting || q.pending.empty() ||
+            !q.pending.front()->deps_ready.load(std::memory_order_acquire))) {
+      q.cv.Wait(&q.mu);
+    }
+    if (q.stop) return;
+    std::shared_ptr<Op> op = std::move(q.pending.front());
+    q.pending.pop_front();
+    q.starting = true;
+    q.mu.Unlock();
+    StartOp(op, /*may_block=*/true);
+    q.mu.Lock();
+    q.starting = false;
+  }
+}
+
+bool Engine::InlineStartable(const Op& op) const {
+  if (op.kind == OpKind::kDeviceToDevice) return true;
+  switch (op.path) {
+    case TransferPath::kZeroCopy:
+      return true;
+    case TransferPath::kStaged:
+      return op.size <= op.staging_chunk * config_.staging_depth;
+    case TransferPath::kPinned:
+      return op.size <= config_.descriptor_bytes;
+  }
+  return false;
+}
+
+// ---- Starting --------------------------------------------------------------
+
+bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
+  Op& o = *op;
+  absl::Status dep_error = o.Error();
+  if (!dep_error.ok() || closing_.load(std::memory_order_acquire)) {
+    CancelUnstarted(op, dep_error.ok()
+                            ? absl::CancelledError(
+                                  "the transfer engine shut down before the "
+                                  "transfer started")
+                            : dep_error);
+    return true;
+  }
+  QueueOf(o.device, o.direction)
+      .in_flight.fetch_add(1, std::memory_order_relaxed);
+  o.start_ns = os_->MonotonicNanos();
+
+  if (o.kind == OpKind::kDeviceToDevice || o.path != TransferPath::kStaged) {
+    o.self = op;
+    if (o.kind == OpKind::kDeviceToDevice) {
+      StartDescriptors(o, kInvalidHostWindow, 0);
+    } else if (o.path == TransferPath::kZeroCopy) {
+      const uint64_t base = reinterpret_cast<uintptr_t>(region_->base());
+      const uint64_t host = reinterpret_cast<uintptr_t>(
+          o.kind == OpKind::kToDevice ? static_cast<const void*>(o.src)
+                                      : static_cast<const void*>(o.dst));
+      StartDescriptors(o, region_windows_[o.device], host - base);
+    } else {
+      StartPinned(o, o.pin_reason);
+    }
+    return true;
+  }
+
+  o.self = op;
+  const bool started = o.kind == OpKind::kToDevice
+                           ? StartStagedToDevice(o, may_block)
+                           : StartStagedFromDevice(o, may_block);
+  if (!started) {
+    o.self.reset();
+    QueueOf(o.device, o.direction)
+        .in_flight.fetch_sub(1, std::memory_order_relaxed);
+  }
+  return started;
+}
+
+void Engine::StartDescriptors(Op& op, HostWindowId window,
+                              uint64_t host_base) {
+  const uint64_t step = std::max<uint64_t>(config_.descriptor_bytes, 1);
+  const uint64_t n = (op.size + step - 1) / step;
+  op.chunks.resize(n);
+  op.outstanding.fetch_add(n, std::memory_order_relaxed);
+  for (uint64_t i = 0; i < n; ++i) {
+    Chunk& c = op.chunks[i];
+    c.op = &op;
+    c.index = static_cast<uint32_t>(i);
+    c.offset = i * step;
+    c.length = std::min(step, op.size - c.offset);
+    SubmitChunk(op, c, window, host_base + c.offset);
+  }
+  ChunkDone(op);  // the starter's hold
+}
+
+void Engine::SubmitChunk(Op& op, Chunk& c, HostWindowId window,
+                         uint64_t host_offset) {
+  DmaDescriptor d;
+  d.user_data = reinterpret_cast<uintptr_t>(&c);
+  d.length = c.length;
+  d.host_offset = host_offset;
+  d.device_address = op.buffer->address + op.buffer_offset + c.offset;
+  d.host_window = window;
+  d.direction = op.direction;
+  if (op.kind == OpKind::kDeviceToDevice) {
+    d.peer_device = static_cast<uint32_t>(op.peer->device);
+    d.peer_address = op.peer->address + op.peer_offset + c.offset;
+  }
+  c.submit_ns = trace_ ? os_->MonotonicNanos() : 0;
+  SubmitDescriptors(QueueOf(op.device, op.direction), {&d, 1});
+}
+
+void Engine::SubmitDescriptors(Queue& q, absl::Span<const DmaDescriptor> d) {
+  MutexLock lock(&q.ring_mu);
+  size_t accepted = 0;
+  if (q.overflow.empty()) accepted = q.dev->Submit(q.direction, d);
+  if (accepted < d.size()) {
+    q.overflow.insert(q.overflow.end(), d.begin() + accepted, d.end());
+    q.ring_full.fetch_add(d.size() - accepted, std::memory_order_relaxed);
+    // Publish the overflow, then try the ring again: a completion that
+    // freed a slot before it could see the flag left that slot for us
+    // (Dekker, with the fence in OnDmaComplete), so the overflow is never
+    // stranded with nothing in flight to drain it.
+    q.has_overflow.store(true, std::memory_order_seq_cst);
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    SubmitOverflowLocked(q);
+  }
+}
+
+void Engine::SubmitOverflowLocked(Queue& q) {
+  while (!q.overflow.empty()) {
+    DmaDescriptor batch[32];
+    const size_t n = std::min<size_t>(q.overflow.size(), 32);
+    std::copy_n(q.overflow.begin(), n, batch);
+    const size_t accepted = q.dev->Submit(q.direction, {batch, n});
+    q.overflow.erase(q.overflow.begin(), q.overflow.begin() + accepted);
+    if (accepted < n) break;
+  }
+  q.has_overflow.store(!q.overflow.empty(), std::memory_order_seq_cst);
+}
+
+void Engine::DrainOverflow(Queue& q) {
+  // The device freed ring slots before calling us; see SubmitDescriptors.
+  std::atomic_thread_fence(std::memory_order_seq_cst);
+  if (!q.has_overflow.load(std::memory_order_seq_cst)) return;
+  MutexLock lock(&q.ring_mu);
+  SubmitOverflowLocked(q);
+}
+
+}  // namespace tpushim::transfer_internal

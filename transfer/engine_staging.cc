@@ -1,0 +1,273 @@
+#include "transfer/engine.h"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "common/cpu_relax.h"
+#include "logging/log.h"
+
+namespace tpushim::transfer_internal {
+
+char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
+                             bool* waited) {
+  int64_t wait_start = 0;
+  for (;;) {
+    uint64_t cur = staging_in_flight_.load(std::memory_order_relaxed);
+    bool reserved = false;
+    while (cur + bytes <= max_staging_) {
+      if (staging_in_flight_.compare_exchange_weak(
+              cur, cur + bytes, std::memory_order_acq_rel)) {
+        reserved = true;
+        break;
+      }
+    }
+    if (reserved) {
+      char* p = static_cast<char*>(region_->allocator().TryAllocate(bytes));
+      if (p != nullptr) {
+        const uint64_t now_in_flight = cur + bytes;
+        uint64_t peak = staging_peak_.load(std::memory_order_relaxed);
+        while (now_in_flight > peak &&
+               !staging_peak_.compare_exchange_weak(peak, now_in_flight)) {
+        }
+        if (trace_) trace_->StagingBytes(os_->MonotonicNanos(), now_in_flight);
+        if (wait_start != 0) {
+          staging_wait_ns_.fetch_add(os_->MonotonicNanos() - wait_start,
+                                     std::memory_order_relaxed);
+        }
+        return p;
+      }
+      staging_in_flight_.fetch_sub(bytes, std::memory_order_acq_rel);
+    }
+    const int64_t now = os_->MonotonicNanos();
+    if (now >= deadline_ns || closing_.load(std::memory_order_acquire)) {
+      if (wait_start != 0) {
+        staging_wait_ns_.fetch_add(now - wait_start,
+                                   std::memory_order_relaxed);
+      }
+      return nullptr;
+    }
+    if (wait_start == 0) {
+      wait_start = now;
+      if (waited != nullptr && !*waited) {
+        *waited = true;
+        staging_waits_.fetch_add(1, std::memory_order_relaxed);
+      }
+    }
+    MutexLock lock(&staging_mu_);
+    ++staging_waiters_;
+    // Re-check under the lock: a release between the attempt and here
+    // signalled nobody. A short bounded wait covers the allocator side
+    // (space freed by Free of a user buffer signals no one).
+    const int64_t until = std::min(deadline_ns, now + 1'000'000);
+    if (staging_in_flight_.load(std::memory_order_acquire) + bytes >
+        max_staging_) {
+      staging_cv_.WaitUntilMonotonicNanos(&staging_mu_, until);
+    } else {
+      staging_cv_.WaitUntilMonotonicNanos(&staging_mu_,
+                                          std::min(until, now + 200'000));
+    }
+    --staging_waiters_;
+  }
+}
+
+void Engine::ReleaseStaging(char* p, uint64_t bytes) {
+  absl::Status s = region_->allocator().Free(p);
+  if (!s.ok()) LOG(ERROR) << "Freeing a staging buffer failed: " << s;
+  const uint64_t now_in_flight =
+      staging_in_flight_.fetch_sub(bytes, std::memory_order_acq_rel) - bytes;
+  if (trace_) trace_->StagingBytes(os_->MonotonicNanos(), now_in_flight);
+  bool wake;
+  {
+    MutexLock lock(&staging_mu_);
+    wake = staging_waiters_ > 0;
+  }
+  if (wake) staging_cv_.SignalAll();
+}
+
+Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
+                                                 char** first) {
+  const int64_t deadline =
+      may_block ? os_->MonotonicNanos() +
+                      absl::ToInt64Nanoseconds(config_.staging_wait)
+                : 0;
+  bool waited = false;
+  *first = AcquireStaging(op.staging_chunk, deadline, &waited);
+  if (*first != nullptr) return FirstStaging::kAcquired;
+  if (!may_block) return FirstStaging::kWouldBlock;
+  if (closing_.load(std::memory_order_acquire)) {
+    op.RecordError(absl::CancelledError(
+        "the transfer engine shut down before the transfer started"));
+    ChunkDone(op);  // the starter's hold: the operation completes
+    return FirstStaging::kHandled;
+  }
+  pinned_reasons_[2].fetch_add(1, std::memory_order_relaxed);
+  StartPinned(op, 2);
+  return FirstStaging::kHandled;
+}
+
+bool Engine::StartStagedToDevice(Op& op, bool may_block) {
+  const uint64_t step = op.staging_chunk;
+  const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
+  char* first = nullptr;
+  if (n > 0) {
+    switch (AcquireFirstStaging(op, may_block, &first)) {
+      case FirstStaging::kAcquired:
+        break;
+      case FirstStaging::kWouldBlock:
+        return false;
+      case FirstStaging::kHandled:
+        return true;
+    }
+  }
+  op.chunks.resize(n);
+  op.outstanding.fetch_add(n, std::memory_order_relaxed);
+  int held = first != nullptr ? 1 : 0;
+  char* buf = first;
+  uint64_t i = 0;
+  for (; i < n; ++i) {
+    if (buf == nullptr) {
+      {
+        MutexLock lock(&op.mu);
+        if (!op.free_staging.empty()) {
+          buf = op.free_staging.back();
+          op.free_staging.pop_back();
+          op.recycled.fetch_sub(1, std::memory_order_relaxed);
+        }
+      }
+      if (buf == nullptr && held < config_.staging_depth) {
+        buf = AcquireStaging(step, 0, nullptr);
+        if (buf != nullptr) ++held;
+      }
+      if (buf == nullptr) {
+        // Our own chunks in flight come back: wait for one, polling first
+        // (a chunk's DMA takes tens of microseconds).
+        SpinFor(kCopierSpinNs, [&op] {
+          return op.recycled.load(std::memory_order_acquire) > 0;
+        });
+        MutexLock lock(&op.mu);
+        op.copier_sleeping = true;
+        while (op.free_staging.empty()) op.staging_cv.Wait(&op.mu);
+        op.copier_sleeping = false;
+        buf = op.free_staging.back();
+        op.free_staging.pop_back();
+        op.recycled.fetch_sub(1, std::memory_order_relaxed);
+      }
+    }
+    const bool closing = closing_.load(std::memory_order_acquire);
+    if (closing || !op.Error().ok()) {
+      // A chunk failed (the transfer has its status), or shutdown.
+      if (closing) {
+        op.RecordError(absl::CancelledError(
+            "the transfer engine shut down during the transfer"));
+      }
+      MutexLock lock(&op.mu);
+      op.free_staging.push_back(buf);
+      buf = nullptr;
+      break;
+    }
+    Chunk& c = op.chunks[i];
+    c.op = &op;
+    c.index = static_cast<uint32_t>(i);
+    c.offset = i * step;
+    c.length = std::min(step, op.size - c.offset);
+    c.staging = buf;
+    std::memcpy(buf, op.src + c.offset, c.length);
+    buf = nullptr;
+    const uint64_t host_offset =
+        reinterpret_cast<uintptr_t>(c.staging) -
+        reinterpret_cast<uintptr_t>(region_->base());
+    SubmitChunk(op, c, region_windows_[op.device], host_offset);
+  }
+  // Done copying: the caller's buffer is free, spare buffers go back.
+  op.host_released.Notify();
+  std::vector<char*> spare;
+  {
+    MutexLock lock(&op.mu);
+    op.copying = false;
+    spare.swap(op.free_staging);
+    op.recycled.store(0, std::memory_order_relaxed);
+  }
+  for (char* p : spare) ReleaseStaging(p, step);
+  if (i < n) ChunkDone(op, n - i);  // never submitted
+  ChunkDone(op);                    // the starter's hold
+  return true;
+}
+
+bool Engine::StartStagedFromDevice(Op& op, bool may_block) {
+  const uint64_t step = op.staging_chunk;
+  const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
+  std::vector<char*> bufs;
+  if (n > 0) {
+    char* first = nullptr;
+    switch (AcquireFirstStaging(op, may_block, &first)) {
+      case FirstStaging::kAcquired:
+        break;
+      case FirstStaging::kWouldBlock:
+        return false;
+      case FirstStaging::kHandled:
+        return true;
+    }
+    bufs.push_back(first);
+    while (bufs.size() < std::min<uint64_t>(n, config_.staging_depth)) {
+      char* p = AcquireStaging(step, 0, nullptr);
+      if (p == nullptr) break;
+      bufs.push_back(p);
+    }
+  }
+  op.chunks.resize(n);
+  for (uint64_t i = 0; i < n; ++i) {
+    Chunk& c = op.chunks[i];
+    c.op = &op;
+    c.index = static_cast<uint32_t>(i);
+    c.offset = i * step;
+    c.length = std::min(step, op.size - c.offset);
+  }
+  op.outstanding.fetch_add(n, std::memory_order_relaxed);
+  {
+    MutexLock lock(&op.mu);
+    op.next_chunk = static_cast<uint32_t>(bufs.size());
+  }
+  const uint64_t base = reinterpret_cast<uintptr_t>(region_->base());
+  for (size_t i = 0; i < bufs.size(); ++i) {
+    Chunk& c = op.chunks[i];
+    c.staging = bufs[i];
+    SubmitChunk(op, c, region_windows_[op.device],
+                reinterpret_cast<uintptr_t>(c.staging) - base);
+  }
+  ChunkDone(op);  // the starter's hold
+  return true;
+}
+
+
+void Engine::NextFromDevice(Op& op, Chunk& chunk, bool ok) {
+  char* buf = chunk.staging;
+  chunk.staging = nullptr;
+  Chunk* next = nullptr;
+  uint64_t abandoned = 0;
+  {
+    MutexLock lock(&op.mu);
+    const uint32_t n = static_cast<uint32_t>(op.chunks.size());
+    if (!ok || !op.error.ok() || closing_.load(std::memory_order_acquire)) {
+      if (op.error.ok()) {
+        op.error = absl::CancelledError(
+            "the transfer engine shut down during the transfer");
+      }
+      abandoned = n - op.next_chunk;
+      op.next_chunk = n;
+    } else if (op.next_chunk < n) {
+      next = &op.chunks[op.next_chunk++];
+    }
+  }
+  if (next != nullptr) {
+    next->staging = buf;
+    SubmitChunk(op, *next, region_windows_[op.device],
+                reinterpret_cast<uintptr_t>(buf) -
+                    reinterpret_cast<uintptr_t>(region_->base()));
+  } else {
+    ReleaseStaging(buf, op.staging_chunk);
+  }
+  ChunkDone(op, 1 + abandoned);
+}
+
+}  // namespace tpushim::transfer_internal
