@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include "common/page_hull.h"
 #include "logging/log.h"
 
 namespace tpushim {
@@ -19,10 +20,9 @@ PinTracker::~PinTracker() {
 
 absl::StatusOr<PinTracker::Lease> PinTracker::Pin(const void* addr,
                                                   uint64_t length) {
-  const uintptr_t page = os_->PageSize();
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
+  const PageHull hull = PageHull::Of(addr, length, os_->PageSize());
+  const uintptr_t begin = hull.begin;
+  const uintptr_t end = hull.end;
   Lease lease;
   MutexLock lock(&mu_);
   // The first segment that may overlap: the one starting at or before

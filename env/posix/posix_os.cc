@@ -29,6 +29,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "common/mutex.h"
+#include "common/page_hull.h"
 #include "env/os.h"
 
 namespace tpushim {
@@ -80,16 +81,6 @@ absl::Status PositionedAll(absl::string_view name, size_t size, uint64_t offset,
     return absl::OutOfRangeError(absl::StrCat(what, ": the file ends first"));
   }
   return absl::OkStatus();
-}
-
-// Rounds [addr, addr+length) out to whole pages.
-void PageHull(const void* addr, size_t length, size_t page, void** start,
-              size_t* hull_length) {
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(addr) & ~(page - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(addr) + length + page - 1) & ~(page - 1);
-  *start = reinterpret_cast<void*>(begin);
-  *hull_length = end - begin;
 }
 
 class PosixOs final : public Os {
@@ -146,23 +137,21 @@ class PosixOs final : public Os {
   }
 
   absl::Status PinRange(const void* addr, size_t length) override {
-    void* start;
-    size_t hull;
-    PageHull(addr, length, PageSize(), &start, &hull);
-    if (mlock(start, hull) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("mlock(", PtrArgs(start, hull),
-                                             ") to pin a transfer buffer"));
+    const PageHull hull = PageHull::Of(addr, length, PageSize());
+    if (mlock(hull.start(), hull.length()) != 0) {
+      return ErrnoStatus(
+          errno, absl::StrCat("mlock(", PtrArgs(hull.start(), hull.length()),
+                              ") to pin a transfer buffer"));
     }
     return absl::OkStatus();
   }
 
   absl::Status UnpinRange(const void* addr, size_t length) override {
-    void* start;
-    size_t hull;
-    PageHull(addr, length, PageSize(), &start, &hull);
-    if (munlock(start, hull) != 0) {
-      return ErrnoStatus(errno, absl::StrCat("munlock(", PtrArgs(start, hull),
-                                             ") to unpin a transfer buffer"));
+    const PageHull hull = PageHull::Of(addr, length, PageSize());
+    if (munlock(hull.start(), hull.length()) != 0) {
+      return ErrnoStatus(
+          errno, absl::StrCat("munlock(", PtrArgs(hull.start(), hull.length()),
+                              ") to unpin a transfer buffer"));
     }
     return absl::OkStatus();
   }
