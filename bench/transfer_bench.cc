@@ -13,6 +13,11 @@
 //                                threads: aggregate bytes/s
 //   BM_Link25/<bytes>            staged host→device on a device whose link
 //                                is modelled at 25 Gbit/s
+//   BM_HeadOfLine/region_on|off  p99 of 4 KiB device→host transfers on
+//                                device 1, alone and while device 0 runs
+//                                back-to-back pinned device→host transfers
+//                                of the largest size (--hol-rounds rounds
+//                                of each, alternated)
 //
 //   BM_SideBySide                at the largest size, R rounds (--rounds,
 //                                default 25) each timing memcpy and every
@@ -26,6 +31,7 @@
 //   4 KiB submit-to-ready median (1 thread)    <= 5 us
 //   8 threads / 1 thread aggregate (1 MiB)     >= 0.9
 //   link-modelled throughput / 25 Gbit/s       >= 0.95
+//   4 KiB p99 next to large pinned d2h / alone <= 2
 //
 // Flags (besides Google Benchmark's): --max-size=<bytes|256M> (default
 // 256M), --region=<bytes|1G> (default 1G), and to try engine settings,
@@ -35,11 +41,13 @@
 // --max-size=1M --region=64M with a short --benchmark_min_time.
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -75,9 +83,11 @@ struct Rig {
   std::unique_ptr<TransferEngine> engine;
   DeviceBuffer buffer;  // g_max_size bytes on device 0, written once
 
-  Rig(uint64_t region_bytes, const std::string& url) {
+  Rig(uint64_t region_bytes, const std::string& url,
+      std::optional<uint64_t> threshold = std::nullopt) {
     OptionOverrides o;
     o.premapped_buffer_size = region_bytes;
+    o.premapped_buffer_transfer_threshold_bytes = threshold;
     o.device = url;
     absl::StatusOr<Options> options = ResolveOptions(os, o);
     if (!options.ok()) Die(options.status(), "options");
@@ -259,6 +269,94 @@ void BM_Link25(benchmark::State& state, uint64_t n) {
 
 int g_rounds = 25;
 
+// Head-of-line blocking between devices: the latency of 4 KiB
+// device→host transfers on device 1, alone and while device 0 runs
+// back-to-back pinned device→host transfers of --max-size bytes (each
+// pins, DMAs and unpins its whole buffer). Two set-ups: the region on with
+// a threshold below --max-size (the 4 KiB transfers are staged), and the
+// region off (they are pinned too, and unpin on the host side like the
+// large ones). Rounds alternate alone and loaded, --hol-rounds of each;
+// the counters are the medians over rounds of each round's p50/p99, and
+// the p99 ratio loaded / alone with its range over rounds.
+int g_hol_rounds = 5;
+
+void BM_HeadOfLine(benchmark::State& state, bool region_on) {
+  const uint64_t big = g_max_size;
+  const std::string url = "sim://?devices=2&hbm=" +
+                          std::to_string(std::max<uint64_t>(big, 64 << 20) * 2);
+  static Rig* rigs[2] = {nullptr, nullptr};
+  Rig*& rig = rigs[region_on ? 1 : 0];
+  if (rig == nullptr) {
+    rig = region_on ? new Rig(g_region, url, std::min(g_region, big / 4))
+                    : new Rig(0, url);
+  }
+  TransferEngine& engine = *rig->engine;
+  auto small = engine.Allocate(1, 4096);
+  if (!small.ok()) Die(small.status(), "device 1 buffer");
+  std::vector<char> host_small = Warm(4096, 1);
+  // Page-aligned, untouched by the rig: mlock faults it in on first use.
+  std::vector<char> host_big = Warm(big, 2);
+  if (engine.PathFor(host_big.data(), big) != TransferPath::kPinned) {
+    state.SkipWithError("the large transfers would not be pinned");
+    return;
+  }
+  auto one_round = [&](bool loaded) {
+    std::atomic<bool> stop{false};
+    std::atomic<uint64_t> large_done{0};
+    std::thread background;
+    if (loaded) {
+      background = std::thread([&] {
+        while (!stop.load(std::memory_order_relaxed)) {
+          auto ev = engine.TransferFromDevice(rig->buffer, 0, host_big.data(),
+                                              big);
+          if (!ev.ok() || !ev->Await().ok()) Die(ev.status(), "large d2h");
+          large_done.fetch_add(1, std::memory_order_relaxed);
+        }
+      });
+      // Let the first large transfer get going.
+      while (large_done.load() == 0 &&
+             engine.GetStats().pinned_bytes_now == 0) {
+        std::this_thread::yield();
+      }
+    }
+    std::vector<double> lat;
+    const auto until = std::chrono::steady_clock::now() +
+                       std::chrono::duration<double>(g_run_seconds);
+    while (std::chrono::steady_clock::now() < until) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto ev = engine.TransferFromDevice(*small, 0, host_small.data(), 4096);
+      if (!ev.ok() || !ev->Await().ok()) Die(ev.status(), "4 KiB d2h");
+      lat.push_back(std::chrono::duration<double, std::micro>(
+                        std::chrono::steady_clock::now() - t0)
+                        .count());
+    }
+    stop = true;
+    if (background.joinable()) background.join();
+    return std::make_pair(Percentile(lat, 0.5), Percentile(lat, 0.99));
+  };
+  std::vector<double> p50[2], p99[2], ratio;
+  for (auto _ : state) {
+    for (int round = 0; round < g_hol_rounds; ++round) {
+      const auto alone = one_round(false);
+      const auto loaded = one_round(true);
+      p50[0].push_back(alone.first);
+      p99[0].push_back(alone.second);
+      p50[1].push_back(loaded.first);
+      p99[1].push_back(loaded.second);
+      ratio.push_back(loaded.second / alone.second);
+    }
+  }
+  state.counters["alone_p50_us"] = Percentile(p50[0], 0.5);
+  state.counters["alone_p99_us"] = Percentile(p99[0], 0.5);
+  state.counters["loaded_p50_us"] = Percentile(p50[1], 0.5);
+  state.counters["loaded_p99_us"] = Percentile(p99[1], 0.5);
+  state.counters["p99_ratio"] = Percentile(ratio, 0.5);
+  state.counters["p99_ratio_min"] = *std::min_element(ratio.begin(), ratio.end());
+  state.counters["p99_ratio_max"] = *std::max_element(ratio.begin(), ratio.end());
+  auto freed = engine.Deallocate(*small);
+  if (freed.ok()) (void)freed->Await();
+}
+
 // The largest size, side by side: each round times a memcpy and one
 // transfer of every direction and path once, in a rotated order, and the
 // figure per path is the median over rounds of memcpy time / transfer
@@ -373,6 +471,13 @@ void Register() {
         ->Iterations(1)
         ->UseRealTime();
   }
+  for (bool region_on : {true, false}) {
+    benchmark::RegisterBenchmark(
+        region_on ? "BM_HeadOfLine/region_on" : "BM_HeadOfLine/region_off",
+        [region_on](benchmark::State& st) { BM_HeadOfLine(st, region_on); })
+        ->Iterations(1)
+        ->UseRealTime();
+  }
   benchmark::RegisterBenchmark(
       absl::StrCat("BM_Link25/", g_max_size).c_str(),
       [](benchmark::State& st) { BM_Link25(st, g_max_size); })
@@ -438,6 +543,18 @@ class SummaryReporter : public benchmark::ConsoleReporter {
         "BM_Aggregate1M/threads:8/iterations:1/real_time:GBps");
     row("1 MiB h2d aggregate, 8 threads / 1 thread", one > 0 ? eight / one : 0,
         ">=0.9");
+    for (const char* setup : {"region_on", "region_off"}) {
+      const std::string n = absl::StrCat("BM_HeadOfLine/", setup,
+                                         "/iterations:1/real_time:");
+      row(absl::StrCat("4 KiB d2h p99 us, device 1 alone (", setup, ")"),
+          counter(n + "alone_p99_us"), "");
+      row(absl::StrCat("  ... while device 0 pins ", big, "-byte d2h"),
+          counter(n + "loaded_p99_us"), "");
+      row(absl::StrFormat("  loaded / alone p99 (range %.2f-%.2f)",
+                          counter(n + "p99_ratio_min"),
+                          counter(n + "p99_ratio_max")),
+          counter(n + "p99_ratio"), "<=2");
+    }
     const double link = rate("BM_Link25/" + big + "/real_time");
     row("link_gbps=25 throughput / modelled link", link / (25e9 / 8),
         ">=0.95");
@@ -479,6 +596,8 @@ int main(int argc, char** argv) {
       tpushim::g_rounds = std::max(1, std::stoi(std::string(arg)));
     } else if (absl::ConsumePrefix(&arg, "--depth=")) {
       tpushim::g_config.staging_depth = std::stoi(std::string(arg));
+    } else if (absl::ConsumePrefix(&arg, "--hol-rounds=")) {
+      tpushim::g_hol_rounds = std::max(1, std::stoi(std::string(arg)));
     } else if (absl::ConsumePrefix(&arg, "--run-seconds=")) {
       tpushim::g_run_seconds = std::stod(std::string(arg));
     } else {
