@@ -17,6 +17,7 @@
 #ifndef TPUSHIM_TRANSFER_ENGINE_H_
 #define TPUSHIM_TRANSFER_ENGINE_H_
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -134,6 +135,21 @@ struct Op {
   // Staged device→host: the next chunk to submit.
   uint32_t next_chunk ABSL_GUARDED_BY(mu) = 0;
 
+  // Splits the transfer into chunks of `step` bytes (the last one may be
+  // shorter; none for an empty transfer) and counts them outstanding.
+  void LayOutChunks(uint64_t step) {
+    const uint64_t n = size == 0 ? 0 : (size + step - 1) / step;
+    chunks.resize(n);
+    for (uint64_t i = 0; i < n; ++i) {
+      Chunk& c = chunks[i];
+      c.op = this;
+      c.index = static_cast<uint32_t>(i);
+      c.offset = i * step;
+      c.length = std::min(step, size - c.offset);
+    }
+    outstanding.fetch_add(n, std::memory_order_relaxed);
+  }
+
   void RecordError(const absl::Status& s) {
     MutexLock lock(&mu);
     if (error.ok()) error = s;
@@ -250,8 +266,10 @@ class Engine {
   // operation went pinned, or was cancelled by shutdown.
   enum class FirstStaging { kAcquired, kWouldBlock, kHandled };
   FirstStaging AcquireFirstStaging(Op& op, bool may_block, char** first);
-  bool StartStagedToDevice(Op& op, bool may_block);
-  bool StartStagedFromDevice(Op& op, bool may_block);
+  // The staged paths, once the first staging buffer is in hand (null for
+  // an empty transfer).
+  void StartStagedToDevice(Op& op, char* first);
+  void StartStagedFromDevice(Op& op, char* first);
   void StartPinned(Op& op, int reason);
   void SubmitChunk(Op& op, Chunk& chunk, HostWindowId window,
                    uint64_t host_offset);

@@ -254,29 +254,32 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
   }
 
   o.self = op;
-  const bool started = o.kind == OpKind::kToDevice
-                           ? StartStagedToDevice(o, may_block)
-                           : StartStagedFromDevice(o, may_block);
-  if (!started) {
-    o.self.reset();
-    QueueOf(o.device, o.direction)
-        .in_flight.fetch_sub(1, std::memory_order_relaxed);
+  char* first = nullptr;
+  if (o.size > 0) {
+    switch (AcquireFirstStaging(o, may_block, &first)) {
+      case FirstStaging::kAcquired:
+        break;
+      case FirstStaging::kWouldBlock:
+        o.self.reset();
+        QueueOf(o.device, o.direction)
+            .in_flight.fetch_sub(1, std::memory_order_relaxed);
+        return false;
+      case FirstStaging::kHandled:
+        return true;
+    }
   }
-  return started;
+  if (o.kind == OpKind::kToDevice) {
+    StartStagedToDevice(o, first);
+  } else {
+    StartStagedFromDevice(o, first);
+  }
+  return true;
 }
 
 void Engine::StartDescriptors(Op& op, HostWindowId window,
                               uint64_t host_base) {
-  const uint64_t step = std::max<uint64_t>(config_.descriptor_bytes, 1);
-  const uint64_t n = (op.size + step - 1) / step;
-  op.chunks.resize(n);
-  op.outstanding.fetch_add(n, std::memory_order_relaxed);
-  for (uint64_t i = 0; i < n; ++i) {
-    Chunk& c = op.chunks[i];
-    c.op = &op;
-    c.index = static_cast<uint32_t>(i);
-    c.offset = i * step;
-    c.length = std::min(step, op.size - c.offset);
+  op.LayOutChunks(std::max<uint64_t>(config_.descriptor_bytes, 1));
+  for (Chunk& c : op.chunks) {
     SubmitChunk(op, c, window, host_base + c.offset);
   }
   ChunkDone(op);  // the starter's hold

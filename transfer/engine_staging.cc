@@ -106,22 +106,10 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
   return FirstStaging::kHandled;
 }
 
-bool Engine::StartStagedToDevice(Op& op, bool may_block) {
+void Engine::StartStagedToDevice(Op& op, char* first) {
   const uint64_t step = op.staging_chunk;
-  const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
-  char* first = nullptr;
-  if (n > 0) {
-    switch (AcquireFirstStaging(op, may_block, &first)) {
-      case FirstStaging::kAcquired:
-        break;
-      case FirstStaging::kWouldBlock:
-        return false;
-      case FirstStaging::kHandled:
-        return true;
-    }
-  }
-  op.chunks.resize(n);
-  op.outstanding.fetch_add(n, std::memory_order_relaxed);
+  op.LayOutChunks(step);
+  const uint64_t n = op.chunks.size();
   int held = first != nullptr ? 1 : 0;
   char* buf = first;
   uint64_t i = 0;
@@ -167,10 +155,6 @@ bool Engine::StartStagedToDevice(Op& op, bool may_block) {
       break;
     }
     Chunk& c = op.chunks[i];
-    c.op = &op;
-    c.index = static_cast<uint32_t>(i);
-    c.offset = i * step;
-    c.length = std::min(step, op.size - c.offset);
     c.staging = buf;
     std::memcpy(buf, op.src + c.offset, c.length);
     buf = nullptr;
@@ -191,23 +175,14 @@ bool Engine::StartStagedToDevice(Op& op, bool may_block) {
   for (char* p : spare) ReleaseStaging(p, step);
   if (i < n) ChunkDone(op, n - i);  // never submitted
   ChunkDone(op);                    // the starter's hold
-  return true;
 }
 
-bool Engine::StartStagedFromDevice(Op& op, bool may_block) {
+void Engine::StartStagedFromDevice(Op& op, char* first) {
   const uint64_t step = op.staging_chunk;
-  const uint64_t n = op.size == 0 ? 0 : (op.size + step - 1) / step;
+  op.LayOutChunks(step);
+  const uint64_t n = op.chunks.size();
   std::vector<char*> bufs;
-  if (n > 0) {
-    char* first = nullptr;
-    switch (AcquireFirstStaging(op, may_block, &first)) {
-      case FirstStaging::kAcquired:
-        break;
-      case FirstStaging::kWouldBlock:
-        return false;
-      case FirstStaging::kHandled:
-        return true;
-    }
+  if (first != nullptr) {
     bufs.push_back(first);
     while (bufs.size() < std::min<uint64_t>(n, config_.staging_depth)) {
       char* p = AcquireStaging(step, 0, nullptr);
@@ -215,15 +190,6 @@ bool Engine::StartStagedFromDevice(Op& op, bool may_block) {
       bufs.push_back(p);
     }
   }
-  op.chunks.resize(n);
-  for (uint64_t i = 0; i < n; ++i) {
-    Chunk& c = op.chunks[i];
-    c.op = &op;
-    c.index = static_cast<uint32_t>(i);
-    c.offset = i * step;
-    c.length = std::min(step, op.size - c.offset);
-  }
-  op.outstanding.fetch_add(n, std::memory_order_relaxed);
   {
     MutexLock lock(&op.mu);
     op.next_chunk = static_cast<uint32_t>(bufs.size());
@@ -236,9 +202,7 @@ bool Engine::StartStagedFromDevice(Op& op, bool may_block) {
                 reinterpret_cast<uintptr_t>(c.staging) - base);
   }
   ChunkDone(op);  // the starter's hold
-  return true;
 }
-
 
 void Engine::NextFromDevice(Op& op, Chunk& chunk, bool ok) {
   char* buf = chunk.staging;
