@@ -142,6 +142,26 @@ uint32_t RegionAllocator::FindFree(uint64_t size) {
   return free_heads_[fl][std::countr_zero(sl_map)];
 }
 
+uint32_t RegionAllocator::FindAlignedFit(uint64_t size, size_t alignment) {
+  int fl, sl;
+  Mapping(size / kUnit, &fl, &sl);
+  for (int f = fl; f < kFirstLevelCount; ++f) {
+    if ((first_level_bitmap_ >> f & 1) == 0) continue;
+    for (int s = f == fl ? sl : 0; s < kSecondLevelCount; ++s) {
+      if ((second_level_bitmap_[f] >> s & 1) == 0) continue;
+      for (uint32_t b = free_heads_[f][s]; b != kNil;
+           b = blocks_[b].next_free) {
+        const uint64_t address = base_ + blocks_[b].offset;
+        const uint64_t pad = RoundUp(address, alignment) - address;
+        if (blocks_[b].size >= size && blocks_[b].size - size >= pad) {
+          return b;
+        }
+      }
+    }
+  }
+  return kNil;
+}
+
 uint32_t RegionAllocator::SplitAt(uint32_t b, uint64_t size) {
   const uint32_t rest = NewBlock();
   Block& block = blocks_[b];  // NewBlock may have moved blocks_
@@ -183,8 +203,13 @@ void RegionAllocator::LogFailure(const absl::Status& status) const {
 void* RegionAllocator::TakeBlockLocked(uint64_t size, size_t alignment) {
   if (size > capacity_) return nullptr;  // also keeps RoundUp from wrapping
   const uint64_t rounded = RoundUp(size, kUnit);
+  // Any block of `search` bytes holds the request at any alignment: O(1).
+  // When there is none, a block that happens to be aligned well enough
+  // may still hold it (the region's base is page-aligned, so an N-byte
+  // region holds one N-byte buffer at any alignment up to 4096).
   const uint64_t search = rounded + (alignment - kUnit);
   uint32_t b = search > capacity_ ? kNil : FindFree(search);
+  if (b == kNil && alignment > kUnit) b = FindAlignedFit(rounded, alignment);
   if (b == kNil) return nullptr;
   RemoveFree(b);
   const uint64_t address = base_ + blocks_[b].offset;
@@ -250,7 +275,7 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
 
   if (faults_ != nullptr) {
     absl::Status injected = faults_->Check(
-        FaultPoint::kAlloc, [&] { return OutOfMemory(size, alignment); });
+        FaultPoint::kAlloc, [&] { return OutOfMemory(size); });
     if (!injected.ok()) {
       {
         MutexLock lock(&mu_);
@@ -266,7 +291,7 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
     if (void* result = TakeBlockLocked(size, alignment)) return result;
     ++failures_;
   }
-  absl::Status status = OutOfMemory(size, alignment);
+  absl::Status status = OutOfMemory(size);
   LogFailure(status);
   return status;
 }
@@ -276,7 +301,7 @@ void* RegionAllocator::TryAllocate(uint64_t size, size_t alignment) {
   if (size == 0 || size > threshold_) return nullptr;
   if (faults_ != nullptr &&
       !faults_->Check(FaultPoint::kAlloc,
-                      [&] { return OutOfMemory(size, alignment); })
+                      [&] { return OutOfMemory(size); })
            .ok()) {
     return nullptr;
   }
@@ -353,7 +378,7 @@ RegionAllocator::Snapshot RegionAllocator::TakeSnapshot() const {
   return Snapshot{capacity_ - bytes_in_use_, LargestFreeLocked(), live_.size()};
 }
 
-absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
+absl::Status RegionAllocator::OutOfMemory(uint64_t size) {
   Snapshot s;
   {
     MutexLock lock(&mu_);
@@ -369,7 +394,8 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size, size_t alignment) {
       s.free_bytes == 0 ? 0.0
                         : 1.0 - static_cast<double>(s.largest_free) /
                                     static_cast<double>(s.free_bytes);
-  const uint64_t needed = RoundUp(size, kUnit) + (alignment - kUnit);
+  // Space a larger region adds is page-aligned: it holds any alignment.
+  const uint64_t needed = RoundUp(size, kUnit);
   std::string hint;
   if (needed <= s.free_bytes) {
     hint = absl::StrCat(

@@ -185,6 +185,11 @@ class RegionAllocator {
   void RemoveFree(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A free block of at least `size` bytes, or kNil.
   uint32_t FindFree(uint64_t size) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A free block that holds `size` bytes at `alignment` once its leading
+  // pad is split off, or kNil: every free block of `size`'s class and up
+  // is looked at, so it runs only when FindFree's O(1) answer failed.
+  uint32_t FindAlignedFit(uint64_t size, size_t alignment)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Splits `b` after its first `size` bytes and returns the new block
   // holding the rest, which is in no free list yet.
   // REQUIRES: 0 < size < blocks_[b].size, both multiples of 64.
@@ -192,7 +197,7 @@ class RegionAllocator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot TakeSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::Status OutOfMemory(uint64_t size, size_t alignment);
+  absl::Status OutOfMemory(uint64_t size);
   // Walks every block and free list; INTERNAL naming the first defect.
   absl::Status CheckInvariantsLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -228,6 +228,65 @@ TEST_P(AlignmentTest, ReturnsAlignedBlocks) {
 INSTANTIATE_TEST_SUITE_P(PowersOfTwo, AlignmentTest,
                          ::testing::Values(1, 8, 64, 128, 256, 1024, 4096));
 
+TEST(RegionAllocatorTest, RegionOfNBytesHoldsOneNByteBufferAtAnyAlignment) {
+  // Users size the region to their largest transfer.
+  for (size_t alignment : {size_t{64}, size_t{1024}, size_t{4096}}) {
+    TestRegion region(64 * kMiB);
+    RegionAllocator allocator(region.base(), region.size(), {});
+    absl::StatusOr<void*> p = allocator.Allocate(64 * kMiB, alignment);
+    ASSERT_TRUE(p.ok()) << alignment << ": " << p.status();
+    EXPECT_EQ(*p, region.base());
+    ExpectConsistent(allocator);
+    ASSERT_TRUE(allocator.Free(*p).ok());
+    // The staging path's TryAllocate finds it too.
+    void* q = allocator.TryAllocate(64 * kMiB, alignment);
+    EXPECT_EQ(q, region.base()) << alignment;
+    ASSERT_TRUE(allocator.Free(q).ok());
+  }
+}
+
+TEST(RegionAllocatorTest, AlignedRequestFitsAnAlignedFreeBlockOfItsSize) {
+  // Three page-sized blocks with the middle one freed: the only free space
+  // that holds a page-aligned page is exactly one page, plus an unaligned
+  // 64-byte crumb at the end that must not be mistaken for room.
+  TestRegion region(3 * 4096 + 64);
+  RegionAllocator allocator(region.base(), region.size(), {});
+  absl::StatusOr<void*> a = allocator.Allocate(4096, 4096);
+  absl::StatusOr<void*> b = allocator.Allocate(4096, 4096);
+  absl::StatusOr<void*> c = allocator.Allocate(4096, 4096);
+  ASSERT_TRUE(a.ok() && b.ok() && c.ok());
+  ASSERT_TRUE(allocator.Free(*b).ok());
+  absl::StatusOr<void*> again = allocator.Allocate(4096, 4096);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(*again, *b);
+  ExpectConsistent(allocator);
+  // No aligned page is free now: a clean RESOURCE_EXHAUSTED.
+  EXPECT_EQ(allocator.Allocate(4096, 4096).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  ExpectConsistent(allocator);
+}
+
+TEST(RegionAllocatorTest, AlignedFitSplitsTheLeadingPadBackToTheFreeLists) {
+  // A free block of 2 pages starting 64 bytes past a page boundary holds a
+  // page-aligned page (not at its start): the 4032-byte pad and the tail
+  // stay free and usable.
+  TestRegion region(3 * 4096);
+  RegionAllocator allocator(region.base(), region.size(), {});
+  absl::StatusOr<void*> head = allocator.Allocate(64);
+  absl::StatusOr<void*> rest = allocator.Allocate(2 * 4096 - 64);
+  absl::StatusOr<void*> last = allocator.Allocate(4096);
+  ASSERT_TRUE(head.ok() && rest.ok() && last.ok());
+  ASSERT_TRUE(allocator.Free(*rest).ok());
+  absl::StatusOr<void*> page = allocator.Allocate(4096, 4096);
+  ASSERT_TRUE(page.ok()) << page.status();
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(*page) % 4096, 0u);
+  ExpectConsistent(allocator);
+  EXPECT_EQ(allocator.GetStats().free_bytes, 4096u - 64);
+  absl::StatusOr<void*> pad = allocator.Allocate(4096 - 64);
+  ASSERT_TRUE(pad.ok()) << pad.status();
+  ExpectConsistent(allocator);
+}
+
 TEST(RegionAllocatorTest, BadAlignmentIsInvalidArgument) {
   TestRegion region(kMiB);
   RegionAllocator allocator(region.base(), region.size(), {});
