@@ -1,6 +1,9 @@
 #include "transfer/trace.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -11,8 +14,21 @@
 namespace tpushim {
 namespace {
 
-// Queue tracks are tid 1..3 (direction + 1); submit tracks 11..13.
+// A direction's queue track is tid 1..3 (direction + 1) and its submit
+// track 11..13; their further lanes add 100 per lane.
 constexpr int kSubmitTidBase = 11;
+constexpr int kLaneTidStride = 100;
+
+int QueueTid(int direction, int lane) {
+  return direction + 1 + kLaneTidStride * lane;
+}
+int SubmitTid(int direction, int lane) {
+  return direction + kSubmitTidBase + kLaneTidStride * lane;
+}
+// "h2d queue", "h2d queue 2", ...
+std::string LaneName(const char* track, int lane) {
+  return lane == 0 ? std::string(track) : absl::StrCat(track, " ", lane + 1);
+}
 constexpr const char* kQueueTrackNames[] = {"h2d queue", "d2h queue",
                                             "d2d queue"};
 constexpr const char* kSubmitTrackNames[] = {"h2d submit", "d2h submit",
@@ -125,11 +141,77 @@ absl::Status TraceRecorder::Write() {
                   "},\"traceEvents\":[");
   item(R"({"ph":"M","name":"process_name","pid":0,"args":{"name":"host"}})");
   item(R"({"ph":"M","name":"process_sort_index","pid":0,"args":{"sort_index":-1}})");
-  std::set<std::pair<int, int>> tracks;
-  for (const Record& r : records) {
-    if (r.kind == Record::Kind::kDescriptor) {
-      tracks.emplace(r.device, r.direction);
+  // Slices of one track must not overlap, and no two may start at the same
+  // timestamp: trace viewers nest overlapping slices wrongly, and Chrome
+  // DevTools binds a flow event only to the first slice with its pid, tid,
+  // timestamp and category. Descriptors that run at once (several DMA
+  // engines, or an NVMe queue) go to further lanes of their queue's track:
+  // each slice takes the first lane whose last slice ended by its start and
+  // started before it. Submit slices are laid out the same way.
+  struct Lanes {
+    std::vector<std::pair<int64_t, int64_t>> last;  // per lane: start, end
+    int Place(int64_t start, int64_t end) {
+      for (size_t i = 0; i < last.size(); ++i) {
+        if (last[i].second <= start && last[i].first < start) {
+          last[i] = {start, end};
+          return static_cast<int>(i);
+        }
+      }
+      last.emplace_back(start, end);
+      return static_cast<int>(last.size() - 1);
     }
+  };
+  struct Placed {
+    const Record* record;
+    int queue_lane;
+    int submit_lane;
+    int64_t submit_ns;
+  };
+  // A flow from a submit to a descriptor that starts at the very same
+  // nanosecond would be one point, which DevTools does not draw: such a
+  // submit is shown 1 ns earlier.
+  auto submit_of = [](const Record* r) {
+    return std::min(r->submit_ns, r->start_ns - 1);
+  };
+  std::vector<const Record*> descriptors;
+  for (const Record& r : records) {
+    if (r.kind == Record::Kind::kDescriptor) descriptors.push_back(&r);
+  }
+  std::vector<Placed> placed;
+  placed.reserve(descriptors.size());
+  {
+    std::map<std::pair<int, int>, Lanes> queue_lanes, submit_lanes;
+    std::vector<const Record*> by_start = descriptors;
+    std::stable_sort(by_start.begin(), by_start.end(),
+                     [](const Record* a, const Record* b) {
+                       return a->start_ns < b->start_ns;
+                     });
+    std::map<const Record*, int> queue_lane;
+    for (const Record* r : by_start) {
+      queue_lane[r] = queue_lanes[{r->device, r->direction}].Place(
+          r->start_ns, std::max(r->end_ns, r->start_ns));
+    }
+    std::vector<const Record*> by_submit = descriptors;
+    std::stable_sort(by_submit.begin(), by_submit.end(),
+                     [&](const Record* a, const Record* b) {
+                       return submit_of(a) < submit_of(b);
+                     });
+    for (const Record* r : by_submit) {
+      const int64_t submit = submit_of(r);
+      const int lane = submit_lanes[{r->device, r->direction}].Place(
+          submit, submit + 1);
+      placed.push_back(Placed{r, queue_lane[r], lane, submit});
+    }
+  }
+  std::map<std::pair<int, int>, std::string> track_names;
+  for (const Placed& p : placed) {
+    const int d = p.record->direction;
+    const int queue_tid = QueueTid(d, p.queue_lane);
+    const int submit_tid = SubmitTid(d, p.submit_lane);
+    track_names[{p.record->device, queue_tid}] =
+        LaneName(kQueueTrackNames[d], p.queue_lane);
+    track_names[{p.record->device, submit_tid}] =
+        LaneName(kSubmitTrackNames[d], p.submit_lane);
   }
   for (size_t d = 0; d < names.size(); ++d) {
     if (names[d].empty()) continue;
@@ -137,34 +219,38 @@ absl::Status TraceRecorder::Write() {
         R"({"ph":"M","name":"process_name","pid":%d,"args":{"name":%s}})",
         d + 1, Quoted(names[d])));
   }
-  for (const auto& [device, direction] : tracks) {
+  for (const auto& [key, name] : track_names) {
+    const auto& [device, tid] = key;
     item(absl::StrFormat(
-        R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"%s"}})",
-        device + 1, direction + 1, kQueueTrackNames[direction]));
+        R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":%s}})",
+        device + 1, tid, Quoted(name)));
     item(absl::StrFormat(
-        R"({"ph":"M","name":"thread_name","pid":%d,"tid":%d,"args":{"name":"%s"}})",
-        device + 1, direction + kSubmitTidBase,
-        kSubmitTrackNames[direction]));
+        R"({"ph":"M","name":"thread_sort_index","pid":%d,"tid":%d,"args":{"sort_index":%d}})",
+        device + 1, tid, tid));
   }
-  uint64_t flow_id = 0;
   for (const Record& r : records) {
-    if (r.kind == Record::Kind::kCounter) {
-      item(absl::StrFormat(
-          R"({"ph":"C","name":"staging bytes in flight","pid":0,"ts":%.3f,"args":{"bytes":%d}})",
-          Micros(r.start_ns, origin_ns_), r.bytes));
-      continue;
-    }
+    if (r.kind != Record::Kind::kCounter) continue;
+    item(absl::StrFormat(
+        R"({"ph":"C","name":"staging bytes in flight","pid":0,"ts":%.3f,"args":{"bytes":%d}})",
+        Micros(r.start_ns, origin_ns_), r.bytes));
+  }
+  // Every flow's start binds to its submit slice and its end to its
+  // descriptor slice: same pid, tid, timestamp and category ("dma"), which
+  // both Chrome DevTools and Perfetto need.
+  uint64_t flow_id = 0;
+  for (const Placed& p : placed) {
+    const Record& r = *p.record;
     const int pid = r.device + 1;
-    const int queue_tid = r.direction + 1;
-    const int submit_tid = r.direction + kSubmitTidBase;
+    const int queue_tid = QueueTid(r.direction, p.queue_lane);
+    const int submit_tid = SubmitTid(r.direction, p.submit_lane);
     ++flow_id;
-    const double submit = Micros(r.submit_ns, origin_ns_);
+    const double submit = Micros(p.submit_ns, origin_ns_);
     const double start = Micros(r.start_ns, origin_ns_);
     const double dur =
         static_cast<double>(std::max<int64_t>(r.end_ns - r.start_ns, 0)) /
         1000.0;
     item(absl::StrFormat(
-        R"({"ph":"X","name":"submit","cat":"submit","pid":%d,"tid":%d,"ts":%.3f,"dur":0.001,"args":{"transfer":%d,"chunk":%d}})",
+        R"({"ph":"X","name":"submit","cat":"dma","pid":%d,"tid":%d,"ts":%.3f,"dur":0.001,"args":{"transfer":%d,"chunk":%d}})",
         pid, submit_tid, submit, r.transfer, r.chunk));
     item(absl::StrFormat(
         R"({"ph":"s","name":"descriptor","cat":"dma","id":%d,"pid":%d,"tid":%d,"ts":%.3f})",

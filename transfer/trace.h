@@ -6,9 +6,13 @@
 //    ("h2d queue", "d2h queue", "d2d queue") holding a slice per
 //    descriptor — named after its path and direction, with `bytes`,
 //    `path`, `chunk` and `transfer` arguments — and one submit track per
-//    queue ("h2d submit") with an instant slice where each descriptor was
-//    submitted;
-//  * a flow arrow from each submit slice to its descriptor's slice;
+//    queue ("h2d submit") with a 1 ns slice where each descriptor was
+//    submitted. Descriptors that run at once (several DMA engines, an
+//    NVMe queue) spill into further lanes of the track ("h2d queue 2"),
+//    so that no two slices of a track overlap or start together;
+//  * a flow arrow from each submit slice to its descriptor's slice. Both
+//    ends carry the category of the slices they sit on ("dma") and their
+//    pid, tid and timestamp, the binding Chrome DevTools and Perfetto use;
 //  * a "host" process with the counter "staging bytes in flight".
 //
 // Records are kept in memory (a few dozen bytes each) and written when the

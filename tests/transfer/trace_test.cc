@@ -20,9 +20,11 @@
 #include "absl/strings/str_cat.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/trace_check.h"
 #include "tests/testing/transfer_rig.h"
 #include "transfer/transfer_engine.h"
 
@@ -76,13 +78,19 @@ std::vector<json> Events(const json& root, const std::string& ph) {
   return out;
 }
 
-// The descriptor slices (cat "dma"), as opposed to the submit slices.
+// The descriptor slices, as opposed to the submit slices.
 std::vector<json> DmaSlices(const json& root) {
   std::vector<json> out;
   for (const json& e : Events(root, "X")) {
-    if (e.value("cat", "") == "dma") out.push_back(e);
+    if (e.value("name", "") != "submit") out.push_back(e);
   }
   return out;
+}
+
+// A track's name: the lane's track name, "h2d queue", "h2d queue 2", ...
+std::string LaneName(const char* track, int tid) {
+  const int lane = tid / 100;
+  return lane == 0 ? std::string(track) : absl::StrCat(track, " ", lane + 1);
 }
 
 // (pid, tid) -> thread name; pid -> process name.
@@ -132,20 +140,17 @@ void CheckStructure(const json& root) {
 
   const std::vector<json> slices = DmaSlices(root);
   std::set<std::tuple<int, int, double>> slice_at;  // pid, tid, ts
+  static const char* kQueues[] = {"h2d queue", "d2h queue", "d2d queue"};
+  static const char* kSubmits[] = {"h2d submit", "d2h submit", "d2d submit"};
   for (const json& x : slices) {
     const int pid = x["pid"], tid = x["tid"];
-    ASSERT_GE(tid, 1);
-    ASSERT_LE(tid, 3);
+    EXPECT_EQ(x["cat"], "dma") << x;
+    ASSERT_GE(tid % 100, 1) << x;
+    ASSERT_LE(tid % 100, 3) << x;
     EXPECT_EQ(processes.count(pid), 1u) << "no process_name for " << x;
-    static const char* kQueues[] = {"h2d queue", "d2h queue", "d2d queue"};
-    static const char* kSubmits[] = {"h2d submit", "d2h submit",
-                                     "d2d submit"};
     auto q = threads.find({pid, tid});
     ASSERT_NE(q, threads.end()) << "no thread_name for " << x;
-    EXPECT_EQ(q->second, kQueues[tid - 1]);
-    auto s = threads.find({pid, tid + 10});
-    ASSERT_NE(s, threads.end()) << "no submit track for " << x;
-    EXPECT_EQ(s->second, kSubmits[tid - 1]);
+    EXPECT_EQ(q->second, LaneName(kQueues[tid % 100 - 1], tid));
     const json& args = x["args"];
     EXPECT_TRUE(args["bytes"].is_number_unsigned()) << x;
     EXPECT_TRUE(args["path"].is_string()) << x;
@@ -156,17 +161,30 @@ void CheckStructure(const json& root) {
     EXPECT_TRUE(absl::StartsWith(
         x["name"].get<std::string>(),
         absl::StrCat(args["path"].get<std::string>(), " ",
-                     std::string(kQueues[tid - 1]).substr(0, 3))))
+                     std::string(kQueues[tid % 100 - 1]).substr(0, 3))))
         << x;
     slice_at.emplace(pid, tid, x["ts"].get<double>());
   }
   std::set<std::tuple<int, int, double>> submit_at;
   for (const json& x : Events(root, "X")) {
-    if (x.value("cat", "") == "submit") {
-      submit_at.emplace(x["pid"].get<int>(), x["tid"].get<int>(),
-                        x["ts"].get<double>());
-    }
+    if (x.value("name", "") != "submit") continue;
+    const int pid = x["pid"], tid = x["tid"];
+    EXPECT_EQ(x["cat"], "dma") << x;
+    ASSERT_GE(tid % 100, 11) << x;
+    ASSERT_LE(tid % 100, 13) << x;
+    auto t = threads.find({pid, tid});
+    ASSERT_NE(t, threads.end()) << "no thread_name for " << x;
+    EXPECT_EQ(t->second, LaneName(kSubmits[tid % 100 - 11], tid));
+    submit_at.emplace(pid, tid, x["ts"].get<double>());
   }
+
+  // Every flow is drawn by Chrome DevTools and Perfetto, and no two slices
+  // of a track overlap.
+  const testutil::TraceViewCheck view = testutil::CheckTraceView(root);
+  EXPECT_EQ(view.flows, slices.size());
+  EXPECT_EQ(view.flows_drawn_devtools, view.flows);
+  EXPECT_EQ(view.flows_drawn_perfetto, view.flows);
+  EXPECT_THAT(view.problems, ::testing::IsEmpty());
 
   std::map<uint64_t, json> starts, finishes;
   for (const json& s : Events(root, "s")) {
@@ -186,6 +204,7 @@ void CheckStructure(const json& root) {
     EXPECT_EQ(f.value("bp", ""), "e") << f;
     EXPECT_EQ(s["name"], f["name"]);
     EXPECT_EQ(s["cat"], f["cat"]);
+    EXPECT_EQ(s["cat"], "dma");
     EXPECT_LE(s["ts"].get<double>(), f["ts"].get<double>()) << s << f;
     EXPECT_EQ(s["pid"], f["pid"]);
     // The start sits on a submit slice, the end on a descriptor slice.
@@ -313,7 +332,9 @@ TEST_F(TraceRecorderTest, WritesDescriptorsCountersAndMetadata) {
                                             {1100.0, 1110.0},
                                             {1200.0, 1210.0},
                                             {2000.0, 2000.5},
-                                            {3000.0, 3000.0}}));
+                                            // Started as it was submitted:
+                                            // the submit shows 1 ns before.
+                                            {2999.999, 3000.0}}));
 
   const auto counters = Events(root, "C");
   ASSERT_EQ(counters.size(), 3u);
@@ -326,6 +347,65 @@ TEST_F(TraceRecorderTest, WritesDescriptorsCountersAndMetadata) {
 
   // Only the trace is left in the directory: no "<path>.tmp.<pid>".
   EXPECT_EQ(ListDir(dir_.path()), std::vector<std::string>{"trace.json"});
+}
+
+TEST_F(TraceRecorderTest, ConcurrentDescriptorsGoToLanesAndEveryFlowBinds) {
+  // Four descriptors of one queue in flight at once, two of them starting
+  // at the same nanosecond and two submitted at the same nanosecond (an
+  // NVMe queue, or several DMA engines): each one's slice and flow must
+  // still be drawn.
+  const std::string path = dir_.Join("lanes.json");
+  TraceRecorder rec(path, &os_, kOrigin);
+  rec.NameDevice(0, "vfio:0");
+  const int64_t t = kOrigin + 1'000'000;
+  rec.Descriptor(0, kH2d, "zero_copy", "h2d", 1, 0, 4096, t, t + 100,
+                 t + 5'000, false);
+  rec.Descriptor(0, kH2d, "zero_copy", "h2d", 1, 1, 4096, t, t + 100,
+                 t + 6'000, false);
+  rec.Descriptor(0, kH2d, "zero_copy", "h2d", 1, 2, 4096, t + 10, t + 200,
+                 t + 4'000, false);
+  rec.Descriptor(0, kH2d, "zero_copy", "h2d", 2, 0, 4096, t + 20, t + 5'000,
+                 t + 9'000, false);
+  ASSERT_TRUE(rec.Write().ok());
+  json root = ParseTrace(path);
+  ASSERT_FALSE(root.is_null());
+  CheckStructure(root);
+  const auto threads = ThreadNames(root);
+  EXPECT_EQ(threads.at({1, 1}), "h2d queue");
+  EXPECT_EQ(threads.at({1, 101}), "h2d queue 2");
+  EXPECT_EQ(threads.at({1, 201}), "h2d queue 3");
+  EXPECT_EQ(threads.count({1, 301}), 0u);  // the fourth reuses lane 1
+  EXPECT_EQ(threads.at({1, 11}), "h2d submit");
+  EXPECT_EQ(threads.at({1, 111}), "h2d submit 2");
+  const testutil::TraceViewCheck view = testutil::CheckTraceView(root);
+  EXPECT_EQ(view.flows_drawn_devtools, 4u);
+  EXPECT_EQ(view.flows_drawn_perfetto, 4u);
+}
+
+TEST(TraceViewCheckTest, FindsFlowsTheViewersDoNotDraw) {
+  // The check itself: a flow start whose slice has another category (the
+  // bug DevTools showed as 0 flows), an end without "bp":"e" and outside
+  // any slice, and two overlapping slices of one track.
+  const json root = json::parse(R"({"traceEvents":[
+    {"ph":"X","name":"submit","cat":"submit","pid":1,"tid":11,"ts":1.0,"dur":0.001},
+    {"ph":"s","name":"d","cat":"dma","id":1,"pid":1,"tid":11,"ts":1.0},
+    {"ph":"X","name":"staged h2d","cat":"dma","pid":1,"tid":1,"ts":2.0,"dur":5.0},
+    {"ph":"f","bp":"e","name":"d","cat":"dma","id":1,"pid":1,"tid":1,"ts":2.0},
+    {"ph":"X","name":"submit","cat":"dma","pid":1,"tid":11,"ts":3.0,"dur":0.001},
+    {"ph":"s","name":"d","cat":"dma","id":2,"pid":1,"tid":11,"ts":3.0},
+    {"ph":"f","name":"d","cat":"dma","id":2,"pid":1,"tid":1,"ts":9.0},
+    {"ph":"X","name":"staged h2d","cat":"dma","pid":1,"tid":1,"ts":4.0,"dur":5.0}
+  ]})");
+  const testutil::TraceViewCheck view = testutil::CheckTraceView(root);
+  EXPECT_EQ(view.slices, 4u);
+  EXPECT_EQ(view.flows, 2u);
+  EXPECT_EQ(view.flows_drawn_devtools, 0u);
+  EXPECT_EQ(view.flows_drawn_perfetto, 1u);
+  ASSERT_EQ(view.problems.size(), 3u);
+  EXPECT_THAT(view.problems[0], ::testing::HasSubstr("overlaps"));
+  EXPECT_THAT(view.problems[1], ::testing::HasSubstr("not drawn by DevTools:"));
+  EXPECT_THAT(view.problems[2],
+              ::testing::HasSubstr("not drawn by DevTools and Perfetto"));
 }
 
 TEST_F(TraceRecorderTest, EmptyTraceIsValid) {
