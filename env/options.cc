@@ -19,6 +19,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/strings/strip.h"
+#include "common/closest_match.h"
 #include "common/status_macros.h"
 
 namespace tpushim {
@@ -477,6 +478,31 @@ int Options::EffectivePrefaultThreads(int online_cpus) const {
   return std::clamp(online_cpus, 1, kMaxDefaultPrefaultThreads);
 }
 
+// A TPU_* or TPUSHIM_* variable a letter or two away from one this
+// runtime reads is most likely a typo, which would otherwise be ignored
+// without a word. Names that are not close to any setting are left alone:
+// libtpu and cloud images set TPU_* variables of their own.
+void WarnAboutMisspelledVariables(Os& os, std::vector<std::string>& warnings) {
+  std::vector<std::string> known = {std::string(kInitArgsVariable)};
+  (void)ForEachSetting([&](const auto& setting) {
+    known.emplace_back(setting.variable);
+    return absl::OkStatus();
+  });
+  std::vector<std::string> names = os.EnvironmentNames();
+  std::sort(names.begin(), names.end());
+  for (const std::string& name : names) {
+    if (!absl::StartsWith(name, "TPU_") && !absl::StartsWith(name, "TPUSHIM_")) {
+      continue;
+    }
+    if (std::find(known.begin(), known.end(), name) != known.end()) continue;
+    const std::vector<std::string> close = ClosestMatches(name, known);
+    if (close.empty()) continue;
+    warnings.push_back(absl::StrCat(
+        name, " is set, but tpushim reads no such variable and ignores it; "
+        "did you mean ", absl::StrJoin(close, " or "), "?"));
+  }
+}
+
 absl::StatusOr<Options> ResolveOptions(Os& os, const OptionOverrides& api) {
   const std::string init_args =
       os.GetEnv(std::string(kInitArgsVariable)).value_or("");
@@ -485,6 +511,7 @@ absl::StatusOr<Options> ResolveOptions(Os& os, const OptionOverrides& api) {
   Options options;
   TPUSHIM_RETURN_IF_ERROR(ForEachSetting(
       [&](const auto& setting) { return Resolve(setting, inputs, options); }));
+  WarnAboutMisspelledVariables(os, options.warnings);
   // The threshold defaults to the size; with the region off it is 0 and a
   // value given for it is ignored.
   Option<uint64_t>& threshold =

@@ -120,6 +120,8 @@ class Os {
 
   // getenv(3); nullopt when the variable is unset (set-but-empty is "").
   virtual std::optional<std::string> GetEnv(const std::string& name) = 0;
+  // The names of every variable set in the environment (environ(7)).
+  virtual std::vector<std::string> EnvironmentNames() = 0;
   // CLOCK_MONOTONIC in nanoseconds.
   virtual int64_t MonotonicNanos() = 0;
   // Wall-clock time.
@@ -257,6 +259,9 @@ class OsWrapper : public Os {
   std::optional<std::string> GetEnv(const std::string& name) override {
     return target_->GetEnv(name);
   }
+  std::vector<std::string> EnvironmentNames() override {
+    return target_->EnvironmentNames();
+  }
   int64_t MonotonicNanos() override { return target_->MonotonicNanos(); }
   absl::Time Now() override { return target_->Now(); }
   pid_t ThreadId() override { return target_->ThreadId(); }
@@ -344,9 +349,10 @@ class OsWrapper : public Os {
   Os* const target_;
 };
 
-// Forwards every call to `target` except GetEnv, which answers from `env`
-// alone (empty: no variable is set): for tools and tests whose outcome
-// must not depend on the environment of whoever runs them.
+// Forwards every call to `target` except GetEnv and EnvironmentNames,
+// which answer from `env` alone (empty: no variable is set): for tools and
+// tests whose outcome must not depend on the environment of whoever runs
+// them.
 class FixedEnvironmentOs : public OsWrapper {
  public:
   explicit FixedEnvironmentOs(Os* target,
@@ -357,6 +363,11 @@ class FixedEnvironmentOs : public OsWrapper {
     const auto it = env_.find(name);
     if (it == env_.end()) return std::nullopt;
     return it->second;
+  }
+  std::vector<std::string> EnvironmentNames() override {
+    std::vector<std::string> names;
+    for (const auto& [name, value] : env_) names.push_back(name);
+    return names;
   }
 
  private:

@@ -267,6 +267,15 @@ class PosixOs final : public Os {
     return std::string(value);
   }
 
+  std::vector<std::string> EnvironmentNames() override {
+    std::vector<std::string> names;
+    for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+      const char* eq = std::strchr(*e, '=');
+      names.emplace_back(*e, eq == nullptr ? std::strlen(*e) : eq - *e);
+    }
+    return names;
+  }
+
   int64_t MonotonicNanos() override {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);

@@ -687,6 +687,32 @@ TEST(ThresholdTest, EqualToTheSizeIsKeptWithoutWarning) {
   EXPECT_THAT(options.warnings, IsEmpty());
 }
 
+TEST(MisspelledVariableTest, OneWarningNamingTheClosestKnownVariable) {
+  const Options options = MustResolve({{"TPU_PREMAPPED_BUFER_SIZE", "8192"},
+                                       {"TPUSHIM_MLOK", "off"}});
+  // Nothing was taken from the misspelled names.
+  EXPECT_EQ(options.premapped_buffer_size.source, OptionSource::kDefault);
+  EXPECT_EQ(options.mlock.source, OptionSource::kDefault);
+  EXPECT_THAT(
+      options.warnings,
+      ElementsAre("TPUSHIM_MLOK is set, but tpushim reads no such variable "
+                  "and ignores it; did you mean TPUSHIM_MLOCK?",
+                  "TPU_PREMAPPED_BUFER_SIZE is set, but tpushim reads no such "
+                  "variable and ignores it; did you mean "
+                  "TPU_PREMAPPED_BUFFER_SIZE?"));
+}
+
+TEST(MisspelledVariableTest, OtherTpuVariablesAreNotOursToJudge) {
+  // libtpu's and the cloud's own variables, and tpushim's test harness's.
+  const Options options = MustResolve({{"TPU_NAME", "local"},
+                                       {"TPU_WORKER_ID", "0"},
+                                       {"TPU_ACCELERATOR_TYPE", "v4-8"},
+                                       {"TPUSHIM_TEST_DEVICE", "sim://"},
+                                       {"LIBTPU_INIT_ARGS", ""},
+                                       {"PATH", "/bin"}});
+  EXPECT_THAT(options.warnings, IsEmpty());
+}
+
 TEST(ThresholdTest, OneByteOverTheSizeIsClampedWithOneWarning) {
   const Options options = MustResolve({{kSize, "8192"}, {kThreshold, "8193"}});
   EXPECT_EQ(options.premapped_buffer_transfer_threshold_bytes.value, 8192u);
