@@ -350,9 +350,11 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   // populate it; a separate mlock() pass after pre-faulting would walk the
   // whole region again on one thread (0.4 s for 4 GiB of THP here).
   bool locked = false;
+  int mlock_syscalls = 0;  // each Os::Mlock is one mlock2() (or mlock())
   if (try_mlock) {
     absl::Status pinned =
         os->Mlock(range.start, range.length, Os::LockWhen::kOnFault);
+    ++mlock_syscalls;
     if (pinned.ok()) {
       locked = true;
     } else if (mlock_mode == MlockMode::kRequired) {
@@ -373,7 +375,11 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   const int threads = prefaulter.ThreadsFor(
       options.EffectivePrefaultThreads(os->OnlineCpuCount()));
   TPUSHIM_RETURN_IF_ERROR(prefaulter.Run(threads));
-  if (locked) LOG(INFO) << "mlock()-ed " << range.length << " bytes";
+  if (locked) {
+    LOG(INFO) << "mlock()-ed " << range.length
+              << " bytes for premapped region, using " << mlock_syscalls
+              << " syscalls.";
+  }
   // 6. Register with the devices (nothing can fail after this step).
   if (register_for_dma) {
     TPUSHIM_RETURN_IF_ERROR(register_for_dma(range.start, size));

@@ -110,7 +110,7 @@ bool GlogFileSink::EnsureOpenLocked() {
 
   const std::string name(BaseName(path_));
   const std::string header =
-      LogFileHeader(created, settings_.host, created - settings_.logging_start);
+      LogFileHeader(created, settings_.host, settings_.build);
   bytes_ = 0;
   // A header that cannot be written is reported like any failed write; the
   // lines after it may still get through.

@@ -1,6 +1,6 @@
-// The spdlog sink behind one severity's glog log files (CONTRACTS §2): it
+// The spdlog sink behind one severity's libtpu-style glog log files: it
 // creates `tpu_driver.<host>.<user>.log.<SEVERITY>.<YYYYMMDD-HHMMSS>.<pid>`
-// lazily, writes the glog header, points `tpu_driver.<SEVERITY>` at it,
+// lazily, writes libtpu's header, points `tpu_driver.<SEVERITY>` at it,
 // applies retention, rotates at a size, and survives every file-system
 // failure (see logging/log.h for the policy it implements).
 //
@@ -28,6 +28,7 @@
 
 #include "absl/time/time.h"
 #include "env/os.h"
+#include "logging/build_facts.h"
 #include "logging/log.h"
 #include "spdlog/details/log_msg.h"
 #include "spdlog/sinks/base_sink.h"
@@ -41,7 +42,7 @@ struct LogFileSettings {
   std::string host;
   std::string user;
   pid_t pid = 0;
-  absl::Time logging_start;  // "Running duration" counts from here
+  BuildFacts build;  // what the header's "Binary:" lines say
   uint64_t max_file_bytes = 0;
   int keep = 0;
 };

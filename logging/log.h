@@ -1,5 +1,5 @@
-// libtpu-compatible logging (CONTRACTS §2): glog/absl line format, glog
-// file names, headers and `tpu_driver.<SEVERITY>` symlinks, per-severity
+// libtpu-compatible logging: glog/absl line format, glog file names,
+// libtpu's file header, `tpu_driver.<SEVERITY>` symlinks, per-severity
 // files, stderr threshold, TPU_VMODULE, size rotation and retention — on
 // spdlog's asynchronous logger, so no caller ever waits for the disk.
 //
@@ -32,8 +32,9 @@
 //    (ERROR and above); FATAL goes to all three. When that name is taken
 //    (two files of one severity started in the same second, e.g. fast
 //    rotation or a re-InitLogging), `.1`, `.2`, ... is appended.
-//  * Each starts with glog's four header lines; "Running duration" counts
-//    from the InitLogging that created it.
+//  * Each starts with libtpu's six header lines: when it was created, the
+//    host, three "Binary:" lines about the build (LogConfig::build), and
+//    the line format (logging/log_files.h, LogFileHeader).
 //  * After a file is started, `tpu_driver.<SEVERITY>` (a relative symlink,
 //    replaced atomically through rename) points at it (if that fails,
 //    logging goes on, with one WARNING per severity and InitLogging), and
@@ -72,6 +73,7 @@
 #include "absl/time/time.h"
 #include "env/options.h"
 #include "env/os.h"
+#include "logging/build_facts.h"
 
 namespace tpushim::logging {
 
@@ -90,6 +92,8 @@ struct LogConfig {
   int keep = 5;  // rotated files kept per severity
   // Queue between callers and the writer thread, in messages.
   size_t queue_size = 8192;
+  // What the files' "Binary:" header lines say; tests put their own.
+  BuildFacts build = ThisBuild();
 
   static LogConfig FromOptions(const Options& options);
 };

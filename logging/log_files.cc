@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/strip.h"
+#include "absl/time/civil_time.h"
 
 namespace tpushim::logging::internal {
 namespace {
@@ -54,15 +55,23 @@ std::string LogSymlinkName(Severity severity) {
 }
 
 std::string LogFileHeader(absl::Time created, absl::string_view host,
-                          absl::Duration running) {
-  const int64_t seconds = std::max<int64_t>(0, absl::ToInt64Seconds(running));
+                          const BuildFacts& build) {
+  static constexpr absl::string_view kMonths[] = {"Jan", "Feb", "Mar", "Apr",
+                                                  "May", "Jun", "Jul", "Aug",
+                                                  "Sep", "Oct", "Nov", "Dec"};
+  const absl::CivilSecond built =
+      absl::ToCivilSecond(build.built, absl::UTCTimeZone());
   return absl::StrFormat(
       "Log file created at: %s\n"
       "Running on machine: %s\n"
-      "Running duration (h:mm:ss): %d:%02d:%02d\n"
+      "Binary: Built on %s %02d %04d %02d:%02d:%02d (%d)\n"
+      "Binary: Built at %s@%s:%s\n"
+      "Binary: Built for %s\n"
       "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg\n",
       absl::FormatTime("%Y/%m/%d %H:%M:%S", created, absl::LocalTimeZone()),
-      host, seconds / 3600, seconds / 60 % 60, seconds % 60);
+      host, kMonths[built.month() - 1], built.day(), built.year(), built.hour(),
+      built.minute(), built.second(), absl::ToUnixSeconds(build.built),
+      build.user, build.host, build.path, build.target);
 }
 
 std::optional<LogFileNameParts> ParseLogFileName(absl::string_view name,

@@ -1,5 +1,5 @@
-// glog file naming, headers and retention choice for the log files
-// (CONTRACTS §2). Pure functions; the sink that uses them is
+// Naming, headers and the retention choice for libtpu's glog-format log
+// files. Pure functions; the sink that uses them is
 // logging/glog_file_sink.h.
 //
 //   tpu_driver.<host>.<user>.log.<SEVERITY>.<YYYYMMDD-HHMMSS>.<pid>[.<n>]
@@ -25,6 +25,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "logging/build_facts.h"
 #include "logging/log.h"
 
 namespace tpushim::logging::internal {
@@ -45,13 +46,18 @@ std::string WithCollisionSuffix(absl::string_view name, uint64_t suffix);
 // "tpu_driver.<SEVERITY>", the symlink to the newest file.
 std::string LogSymlinkName(Severity severity);
 
-// glog's file header, four lines each ending in '\n':
-//   Log file created at: YYYY/MM/DD HH:MM:SS        (local time)
+// libtpu's file header (open glog's, with its "Running duration" line
+// replaced by three lines about the binary), six lines each ending in '\n':
+//   Log file created at: YYYY/MM/DD HH:MM:SS                (local time)
 //   Running on machine: <host>
-//   Running duration (h:mm:ss): H:MM:SS            (negative shown as 0)
+//   Binary: Built on Mon DD YYYY HH:MM:SS (<Unix seconds>)  (UTC)
+//   Binary: Built at <user>@<host>:<path>                   (of `build`)
+//   Binary: Built for <target>
 //   Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg
+// The month is English whatever the locale ("Jan" ... "Dec"), the day two
+// digits.
 std::string LogFileHeader(absl::Time created, absl::string_view host,
-                          absl::Duration running);
+                          const BuildFacts& build);
 
 // What a file name says after LogFilePrefix.
 struct LogFileNameParts {

@@ -119,7 +119,7 @@ LoggingState::LoggingState(const LogConfig& config, Os* os,
     settings.host = os->HostName();
     settings.user = os->UserName();
     settings.pid = os->ProcessId();
-    settings.logging_start = os->Now();
+    settings.build = config.build;
     settings.max_file_bytes = config.max_file_bytes;
     settings.keep = config.keep;
     for (Severity severity :

@@ -65,9 +65,9 @@ class LoggingState {
       absl::Milliseconds(100);
 
   // Builds the sinks and starts the writer thread; files go to `directory`
-  // ("" = none). `os` (not owned) must outlive the state. Reads host, user,
-  // pid and the start time from `os`. Throws what spdlog or std::thread
-  // throw when the thread cannot start (InitLogging catches it).
+  // ("" = none). `os` (not owned) must outlive the state. Reads host, user
+  // and pid from `os`. Throws what spdlog or std::thread throw when the
+  // thread cannot start (InitLogging catches it).
   // REQUIRES: config validated by InitLogging.
   LoggingState(const LogConfig& config, Os* os, std::string directory);
   LoggingState(const LoggingState&) = delete;

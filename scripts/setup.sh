@@ -13,6 +13,8 @@ packages=(
   clang libclang-rt-14-dev llvm
   # `tpushim tune --plot`.
   gnuplot-nox
+  # tests/logging/lnav_test.sh: lnav must read our log files as glog logs.
+  lnav
   # The VM tests (tests/vm): QEMU boots a guest with an emulated IOMMU.
   qemu-system-x86
 )

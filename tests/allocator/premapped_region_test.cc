@@ -147,13 +147,17 @@ TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
                     host.NumaNodeCount(), "\n"),
        "] Starting premapped memory manager initialization...\n",
        "] Premapped buffer is using alignment 64\n",
-       "] mlock()-ed 8388608 bytes\n",
+       absl::StrCat("] mlock()-ed 8388608 bytes for premapped region, using ",
+                    host.mlock_calls, " syscalls.\n"),
        "] Done premapping memory of size 8388608 in ",
        absl::StrCat("s (",
                     PageKindDescription(stats.page_kind, stats.page_bytes),
                     ", ", stats.prefault_threads, " threads, NUMA node ",
                     stats.numa_node, ")\n"),
        "] Done allocating premapped memory of size 8388608\n"});
+  // The count is of the calls made: one mlock2(MLOCK_ONFAULT) pins the
+  // whole region.
+  EXPECT_EQ(host.mlock_calls, 1);
 }
 
 TEST(PremappedRegionTest, LogsDisabledWhenTheSizeIsZero) {

@@ -57,7 +57,8 @@ TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
                  "] Creating numa aware allocators, number of NUMA nodes ",
                  "] Starting premapped memory manager initialization...\n",
                  "] Premapped buffer is using alignment 64\n",
-                 "] mlock()-ed 8388608 bytes\n",
+                 "] mlock()-ed 8388608 bytes for premapped region, using 1 "
+                 "syscalls.\n",
                  "] Done premapping memory of size 8388608 in ",
                  "] Done allocating premapped memory of size 8388608\n",
                  "] tpu::System initialized, current host id: 0, logical "

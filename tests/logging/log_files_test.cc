@@ -3,12 +3,14 @@
 
 #include "logging/log_files.h"
 
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/civil_time.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -46,16 +48,61 @@ TEST(LogFilesTest, NamesFollowGlog) {
   EXPECT_EQ(LogSymlinkName(Severity::kWarning), "tpu_driver.WARNING");
 }
 
-TEST(LogFilesTest, HeaderHasTheFourGlogLines) {
+BuildFacts TestBuild() {
+  return BuildFacts{.built = absl::FromUnixSeconds(1687430275),
+                    .user = "builder",
+                    .host = "buildhost.example.com",
+                    .path = "/src/tpushim",
+                    .target = "gcc-12.2.0 x86_64-linux-gnu"};
+}
+
+TEST(LogFilesTest, HeaderHasLibtpusSixLines) {
   EXPECT_EQ(
-      LogFileHeader(LocalTime(2024, 11, 21, 22, 12, 46), "host1",
-                    absl::Hours(27) + absl::Minutes(5) + absl::Seconds(9)),
+      LogFileHeader(LocalTime(2024, 11, 21, 22, 12, 46), "host1", TestBuild()),
       "Log file created at: 2024/11/21 22:12:46\n"
       "Running on machine: host1\n"
-      "Running duration (h:mm:ss): 27:05:09\n"
+      "Binary: Built on Jun 22 2023 10:37:55 (1687430275)\n"
+      "Binary: Built at builder@buildhost.example.com:/src/tpushim\n"
+      "Binary: Built for gcc-12.2.0 x86_64-linux-gnu\n"
       "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg\n");
-  EXPECT_THAT(LogFileHeader(absl::UnixEpoch(), "h", -absl::Seconds(5)),
-              ::testing::HasSubstr("Running duration (h:mm:ss): 0:00:00\n"));
+}
+
+TEST(LogFilesTest, HeaderShowsTheBuildTimeInUtcWithTwoDigitDays) {
+  BuildFacts build = TestBuild();
+  // 2025-01-02 03:04:05 UTC: the day has a leading zero.
+  build.built = absl::FromUnixSeconds(1735787045);
+  EXPECT_THAT(LogFileHeader(absl::UnixEpoch(), "h", build),
+              ::testing::HasSubstr(
+                  "\nBinary: Built on Jan 02 2025 03:04:05 (1735787045)\n"));
+  build.built = absl::FromUnixSeconds(0);
+  EXPECT_THAT(
+      LogFileHeader(absl::UnixEpoch(), "h", build),
+      ::testing::HasSubstr("\nBinary: Built on Jan 01 1970 00:00:00 (0)\n"));
+}
+
+TEST(LogFilesTest, ThisBuildNamesTheCompilerThatBuiltIt) {
+  const BuildFacts build = ThisBuild();
+  // Compiled by the same compiler as the library.
+#if defined(__clang__)
+  const std::string compiler =
+      absl::StrCat("clang-", __clang_major__, ".", __clang_minor__, ".",
+                   __clang_patchlevel__, " ");
+#else
+  const std::string compiler = absl::StrCat(
+      "gcc-", __GNUC__, ".", __GNUC_MINOR__, ".", __GNUC_PATCHLEVEL__, " ");
+#endif
+  EXPECT_THAT(build.target, ::testing::StartsWith(compiler));
+  EXPECT_THAT(build.target, ::testing::HasSubstr("linux"));
+  EXPECT_THAT(build.target, ::testing::Not(::testing::HasSubstr("\n")));
+  // Configured before this test ran, after this code was written.
+  EXPECT_GT(build.built, absl::FromUnixSeconds(1700000000));
+  EXPECT_LE(build.built, absl::Now());
+  EXPECT_NE(build.user, "");
+  EXPECT_NE(build.host, "");
+  // The source directory of the build is the one holding this test.
+  EXPECT_TRUE(std::filesystem::exists(
+      absl::StrCat(build.path, "/tests/logging/log_files_test.cc")))
+      << build.path;
 }
 
 TEST(LogFilesTest, ParsesOnlyNamesOfThePrefix) {
@@ -153,7 +200,7 @@ TEST(GlogFileSinkTest, RetentionNeverDeletesAFileThisProcessHasOpen) {
   settings.host = "testhost";
   settings.user = os.user();
   settings.pid = log_test::TestOs::kPid;
-  settings.logging_start = os.Now();
+  settings.build = TestBuild();
   settings.max_file_bytes = 1 << 20;
   settings.keep = 0;
   os.SetNow(LocalTime(2024, 1, 1, 0, 0, 0));

@@ -1,6 +1,6 @@
-// End-to-end tests of the logging contract (CONTRACTS §2): line format,
-// file names, headers, symlinks, routing, levels, rotation, retention,
-// flushing, FATAL and concurrency.
+// End-to-end tests of libtpu-compatible logging: line format, file names,
+// headers, symlinks, routing, levels, rotation, retention, flushing, FATAL
+// and concurrency.
 
 #include "logging/log.h"
 
@@ -149,12 +149,18 @@ TEST_F(LogTest, LinePrefixIsGlogFormatWithLocalTimeAndLoggingThreadId) {
   EXPECT_NE(worker_tid, CurrentTid());
 }
 
-TEST_F(LogTest, FileNamesAndHeadersFollowGlog) {
+TEST_F(LogTest, FileNamesAndHeadersFollowLibtpu) {
   const absl::TimeZone local = absl::LocalTimeZone();
   const absl::Time start =
       absl::FromCivil(absl::CivilSecond(2024, 11, 21, 22, 12, 46), local);
   os_.SetNow(start);
-  Init(TestConfig(dir_.path()));
+  LogConfig config = TestConfig(dir_.path());
+  config.build = {.built = absl::FromUnixSeconds(1687430275),
+                  .user = "builder",
+                  .host = "buildhost",
+                  .path = "/src/tpushim",
+                  .target = "gcc-12.2.0 x86_64-linux-gnu"};
+  Init(config);
   // The files are created by the first message, 1:02:03 later.
   os_.SetNow(start + absl::Hours(1) + absl::Minutes(2) + absl::Seconds(3));
   LOG(ERROR) << "goes to every file";
@@ -169,16 +175,36 @@ TEST_F(LogTest, FileNamesAndHeadersFollowGlog) {
     ASSERT_TRUE(std::filesystem::exists(dir_.Join(name)));
     const std::vector<std::string> lines =
         SplitLines(ReadFile(dir_.Join(name)));
-    ASSERT_THAT(lines, SizeIs(5));
+    ASSERT_THAT(lines, SizeIs(7));
     EXPECT_EQ(lines[0], "Log file created at: 2024/11/21 23:14:49");
     EXPECT_EQ(lines[1], "Running on machine: testhost");
-    EXPECT_EQ(lines[2], "Running duration (h:mm:ss): 1:02:03");
-    EXPECT_EQ(lines[3],
+    EXPECT_EQ(lines[2], "Binary: Built on Jun 22 2023 10:37:55 (1687430275)");
+    EXPECT_EQ(lines[3], "Binary: Built at builder@buildhost:/src/tpushim");
+    EXPECT_EQ(lines[4], "Binary: Built for gcc-12.2.0 x86_64-linux-gnu");
+    EXPECT_EQ(lines[5],
               "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid "
               "file:line] msg");
-    EXPECT_THAT(lines[4], HasSubstr("] goes to every file"));
+    EXPECT_THAT(lines[6], HasSubstr("] goes to every file"));
   }
   EXPECT_THAT(ListDirWithPrefix(dir_.path(), "tpu_driver.testhost"), SizeIs(3));
+}
+
+TEST_F(LogTest, HeaderDescribesThisBuildByDefault) {
+  Init(TestConfig(dir_.path()));
+  LOG(INFO) << "one line";
+  ASSERT_TRUE(FlushLogs());
+  const BuildFacts build = ThisBuild();
+  const std::vector<std::string> lines =
+      SplitLines(ReadFile(LogFile(Severity::kInfo)));
+  ASSERT_THAT(lines, SizeIs(7));
+  EXPECT_EQ(lines[2],
+            absl::StrCat("Binary: Built on ",
+                         absl::FormatTime("%b %d %Y %H:%M:%S", build.built,
+                                          absl::UTCTimeZone()),
+                         " (", absl::ToUnixSeconds(build.built), ")"));
+  EXPECT_EQ(lines[3], absl::StrCat("Binary: Built at ", build.user, "@",
+                                   build.host, ":", build.path));
+  EXPECT_EQ(lines[4], absl::StrCat("Binary: Built for ", build.target));
 }
 
 TEST_F(LogTest, FilesAreCreatedOnlyWhenNeeded) {
@@ -670,7 +696,7 @@ TEST_F(LogTest, ConcurrentLoggingWhileReinitializingKeepsLinesWellFormed) {
   const log_test::Regex whole(log_test::kLinePattern);
   const log_test::Regex header(
       "^(Log file created at: .*|Running on machine: .*|"
-      "Running duration [(]h:mm:ss[)]: .*|Log line format: .*)$");
+      "Binary: Built (on|at|for) .*|Log line format: .*)$");
   size_t lines_checked = 0;
   for (const std::string& name :
        ListDirWithPrefix(dir_.path(), "tpu_driver.testhost")) {

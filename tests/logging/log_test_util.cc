@@ -310,7 +310,7 @@ std::string OnlyLogFile(const std::string& dir, const TestOs& os,
 
 std::vector<std::string> BodyLines(const std::string& path) {
   std::vector<std::string> lines = SplitLines(ReadFile(path));
-  constexpr size_t kHeaderLines = 4;
+  constexpr size_t kHeaderLines = 6;
   if (lines.size() < kHeaderLines) {
     ADD_FAILURE() << path << " has no complete header";
     return {};

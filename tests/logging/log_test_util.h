@@ -168,7 +168,7 @@ std::string FilePrefix(const TestOs& os, Severity severity);
 // (a test failure and "" when there is not exactly one).
 std::string OnlyLogFile(const std::string& dir, const TestOs& os,
                         Severity severity);
-// The lines after the four header lines of a log file.
+// The lines after the six header lines of a log file.
 std::vector<std::string> BodyLines(const std::string& path);
 // gettid(2) of the calling thread.
 pid_t CurrentTid();

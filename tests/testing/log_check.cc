@@ -3,6 +3,7 @@
 #include <regex.h>
 
 #include <filesystem>
+#include <iterator>
 #include <optional>
 #include <system_error>
 #include <vector>
@@ -17,7 +18,7 @@
 namespace tpushim::testutil {
 namespace {
 
-// The glog line prefix as CONTRACTS §2 pins it,
+// The glog line prefix, byte for byte as libtpu writes it,
 //   <L><MMDD> <HH:MM:SS.uuuuuu> <tid right-aligned to 7> <file>:<line>] ,
 // as a POSIX extended regular expression (regcomp: std::regex trips GCC
 // 12's -Wmaybe-uninitialized under sanitizers).
@@ -25,10 +26,12 @@ constexpr char kLinePrefix[] =
     "^[IWEF][0-9]{4} [0-9]{2}:[0-9]{2}:[0-9]{2}[.][0-9]{6} [ 0-9]{7} "
     "[^ :]+:[0-9]+] ";
 
-// The four header lines of a glog file; all but the last start this way.
+// The six header lines of a libtpu log file; all but the last start this
+// way.
 constexpr absl::string_view kHeaderStarts[] = {
-    "Log file created at: ", "Running on machine: ",
-    "Running duration (h:mm:ss): "};
+    "Log file created at: ", "Running on machine: ", "Binary: Built on ",
+    "Binary: Built at ", "Binary: Built for "};
+constexpr size_t kHeaderLines = std::size(kHeaderStarts) + 1;
 constexpr absl::string_view kHeaderFormatLine =
     "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg";
 
@@ -84,17 +87,19 @@ void CheckLogFile(const std::string& path, const std::string& name,
   }
   const std::vector<std::string> lines =
       absl::StrSplit(text.substr(0, text.rfind('\n')), '\n');
-  for (size_t i = 0; i < 3; ++i) {
+  for (size_t i = 0; i < std::size(kHeaderStarts); ++i) {
     if (i >= lines.size() || !absl::StartsWith(lines[i], kHeaderStarts[i])) {
       problem(absl::StrCat("header line ", i + 1, " is not \"",
                            kHeaderStarts[i], "...\""));
     }
   }
-  if (lines.size() < 4 || lines[3] != kHeaderFormatLine) {
-    problem(absl::StrCat("header line 4 is not \"", kHeaderFormatLine, "\""));
+  if (lines.size() < kHeaderLines ||
+      lines[kHeaderLines - 1] != kHeaderFormatLine) {
+    problem(absl::StrCat("header line ", kHeaderLines, " is not \"",
+                         kHeaderFormatLine, "\""));
   }
   const Regex glog_line(kLinePrefix);
-  for (size_t i = 4; i < lines.size(); ++i) {
+  for (size_t i = kHeaderLines; i < lines.size(); ++i) {
     if (!glog_line.MatchEnd(lines[i])) {
       problem(absl::StrCat("line ", i + 1,
                            " is not a whole glog line: ", Quote(lines[i])));
@@ -151,7 +156,9 @@ std::string StartupLinesProblems(const std::string& info,
       "^Creating numa aware allocators, number of NUMA nodes [0-9]+$",
       "^Starting premapped memory manager initialization[.][.][.]$",
       "^Premapped buffer is using alignment 64$"};
-  const std::string mlocked = "^mlock[(][)]-ed [0-9]+ bytes$";
+  const std::string mlocked =
+      "^mlock[(][)]-ed [0-9]+ bytes for premapped region, using [1-9][0-9]* "
+      "syscalls[.]$";
   if (expected.locked) wanted.push_back(mlocked);
   for (const std::string& line : std::vector<std::string>{
            absl::StrCat("^Done premapping memory of size ", size,

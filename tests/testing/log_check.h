@@ -1,6 +1,6 @@
 // Test helper: checks what tpushim leaves in a log directory against
-// CONTRACTS §2 — every log file whole (the glog header, then only complete
-// lines in the glog line format; nothing torn by a failure), every
+// libtpu's logging — every log file whole (libtpu's header, then only
+// complete lines in the glog line format; nothing torn by a failure), every
 // `tpu_driver.<SEVERITY>` symlink leading to one of them — and that an INFO
 // log holds the start-up lines in libtpu's order.
 //
@@ -22,9 +22,11 @@ namespace tpushim::testutil {
 // "" when every `tpu_driver.*` file and symlink in `dir` is intact, else
 // one line per problem naming the file (a few per file at most). A file is
 // intact when it is empty (created when nothing could be written any more)
-// or holds the four glog header lines and then only whole glog lines, the
-// last one ended by its newline. A symlink is intact when it names a log
-// file in `dir` that exists. A missing directory holds no problem.
+// or holds libtpu's six header lines ("Log file created at: ", "Running on
+// machine: ", "Binary: Built on ", "... at ", "... for ", then the "Log
+// line format: " line) and then only whole glog lines, the last one ended
+// by its newline. A symlink is intact when it names a log file in `dir`
+// that exists. A missing directory holds no problem.
 std::string LogDirectoryProblems(const std::string& dir);
 
 // The start-up of a System with a premapped region, as its INFO log shows
@@ -33,13 +35,13 @@ struct StartupExpectation {
   uint64_t region_bytes = 0;
   uint64_t threshold_bytes = 0;  // 0: equal to region_bytes
   int devices = 1;
-  // Whether the region was pinned: the "mlock()-ed" line is there, or
-  // must not be.
+  // Whether the region was pinned: the "mlock()-ed <bytes> bytes for
+  // premapped region, using <n> syscalls." line is there, or must not be.
   bool locked = true;
 };
 
-// "" when the glog lines of `info` (an INFO log's text) hold the start-up
-// lines of CONTRACTS §2 for `expected`, in that order, each a whole line
+// "" when the glog lines of `info` (an INFO log's text) hold libtpu's
+// start-up lines for `expected`, in that order, each a whole line
 // with its exact wording (the time with nine decimals); else what is
 // missing or should not be there, and the messages that were found.
 std::string StartupLinesProblems(const std::string& info,

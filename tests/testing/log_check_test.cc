@@ -20,7 +20,9 @@ using ::testing::HasSubstr;
 constexpr char kHeader[] =
     "Log file created at: 2025/01/02 03:04:05\n"
     "Running on machine: host\n"
-    "Running duration (h:mm:ss): 0:00:00\n"
+    "Binary: Built on Jan 02 2025 03:04:05 (1735787045)\n"
+    "Binary: Built at bob@builder:/src/tpushim\n"
+    "Binary: Built for gcc-12.2.0 x86_64-linux-gnu\n"
     "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid file:line] msg\n";
 
 std::string Line(const std::string& message) {
@@ -58,17 +60,23 @@ TEST(LogCheckTest, CatchesAMissingHeaderAndALineOfAnotherFormat) {
   EXPECT_THAT(problems, HasSubstr("header line 1 is not"));
   Write(dir.Join(kInfo), kHeader + Line("fine") + "torn + joined\n");
   EXPECT_THAT(LogDirectoryProblems(dir.path()),
-              HasSubstr("line 6 is not a whole glog line: \"torn + joined\""));
+              HasSubstr("line 8 is not a whole glog line: \"torn + joined\""));
 }
 
-TEST(LogCheckTest, CatchesADanglingOrForeignSymlink) {
+TEST(LogCheckTest, CatchesOpenGlogsHeaderInsteadOfLibtpus) {
   TempDir dir;
-  ASSERT_EQ(symlink(kInfo, dir.Join("tpu_driver.INFO").c_str()), 0);
-  ASSERT_EQ(symlink("/etc/passwd", dir.Join("tpu_driver.ERROR").c_str()), 0);
+  Write(dir.Join(kInfo),
+        std::string("Log file created at: 2025/01/02 03:04:05\n"
+                    "Running on machine: host\n"
+                    "Running duration (h:mm:ss): 0:00:00\n"
+                    "Log line format: [IWEF]mmdd hh:mm:ss.uuuuuu threadid "
+                    "file:line] msg\n") +
+            Line("one"));
   const std::string problems = LogDirectoryProblems(dir.path());
   EXPECT_THAT(problems,
-              HasSubstr("tpu_driver.INFO: symlink to " + std::string(kInfo)));
-  EXPECT_THAT(problems, HasSubstr("tpu_driver.ERROR: symlink to /etc/passwd"));
+              HasSubstr("header line 3 is not \"Binary: Built on ...\""));
+  EXPECT_THAT(problems,
+              HasSubstr("header line 4 is not \"Binary: Built at ...\""));
 }
 
 // The INFO log of an 8 MiB region, threshold 2 MiB, two devices.
@@ -78,7 +86,10 @@ std::string StartupLog(bool with_mlock) {
   log += Line("Creating numa aware allocators, number of NUMA nodes 1");
   log += Line("Starting premapped memory manager initialization...");
   log += Line("Premapped buffer is using alignment 64");
-  if (with_mlock) log += Line("mlock()-ed 8388608 bytes");
+  if (with_mlock) {
+    log += Line(
+        "mlock()-ed 8388608 bytes for premapped region, using 1 syscalls.");
+  }
   log += Line(
       "Done premapping memory of size 8388608 in 0.004s (4 KiB pages, "
       "1 threads, NUMA node 0)");
@@ -111,7 +122,17 @@ TEST(LogCheckTest, StartupLinesCatchAMissingOrUnexpectedMlockLine) {
   StartupExpectation unlocked = kLocked;
   unlocked.locked = false;
   EXPECT_THAT(StartupLinesProblems(StartupLog(true), unlocked),
-              HasSubstr("unexpected: mlock()-ed 8388608 bytes"));
+              HasSubstr("unexpected: mlock()-ed 8388608 bytes for premapped "
+                        "region, using 1 syscalls."));
+}
+
+TEST(LogCheckTest, StartupLinesCatchTheMlockLineInItsOldWording) {
+  std::string log = StartupLog(true);
+  const std::string current =
+      "mlock()-ed 8388608 bytes for premapped region, using 1 syscalls.";
+  log.replace(log.find(current), current.size(), "mlock()-ed 8388608 bytes");
+  EXPECT_THAT(StartupLinesProblems(log, kLocked),
+              HasSubstr("missing (in order): ^mlock"));
 }
 
 TEST(LogCheckTest, StartupLinesCatchWrongNumbersAndOrder) {
