@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/human_bytes.h"
+#include "common/page_hull.h"
 #include "common/status_macros.h"
 #include "device/nvme/nvme_device_internal.h"
 #include "logging/log.h"
@@ -455,10 +456,9 @@ absl::Status NvmeDevice::FreeMemory(uint64_t device_address) {
 absl::StatusOr<HostWindowId> NvmeDevice::RegisterHostWindow(const void* base,
                                                             uint64_t length) {
   TPUSHIM_RETURN_IF_ERROR(windows_.Check(base, length));
-  const uintptr_t begin = reinterpret_cast<uintptr_t>(base) & ~(kPage - 1);
-  const uintptr_t end =
-      (reinterpret_cast<uintptr_t>(base) + length + kPage - 1) & ~(kPage - 1);
-  const uint64_t bytes = end - begin;
+  const PageHull hull = PageHull::Of(base, length, kPage);
+  const uintptr_t begin = hull.begin;
+  const uint64_t bytes = hull.length();
   // Long mappings (the premapped region) report progress about once a
   // second, as pre-faulting does.
   const int64_t start_ns = os_->MonotonicNanos();
@@ -473,8 +473,8 @@ absl::StatusOr<HostWindowId> NvmeDevice::RegisterHostWindow(const void* base,
     }
   };
   TPUSHIM_ASSIGN_OR_RETURN(const uint64_t iova,
-                           vfio_->MapDma(reinterpret_cast<const void*>(begin),
-                                         bytes, kMapChunkBytes, progress));
+                           vfio_->MapDma(hull.start(), bytes, kMapChunkBytes,
+                                         progress));
   if (bytes >= kMapChunkBytes) {
     LOG(INFO) << "IOMMU-mapped " << bytes << " bytes for " << info_.name
               << " in "
