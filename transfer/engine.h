@@ -35,12 +35,12 @@
 #include "common/mutex.h"
 #include "device/device.h"
 #include "env/os.h"
+#include "tpushim/transfer.h"
 #include "transfer/event.h"
 #include "transfer/host_worker.h"
 #include "transfer/pin_tracker.h"
 #include "transfer/trace.h"
 #include "transfer/transfer_engine.h"
-#include "tpushim/transfer.h"
 
 namespace tpushim::transfer_internal {
 
@@ -75,12 +75,27 @@ enum class OpKind { kToDevice, kFromDevice, kDeviceToDevice };
 
 struct Op;
 
+// The pinned path moves the caller's buffer in pieces: each is pinned and
+// registered with the device while its descriptors run, then unregistered
+// and unpinned, so pinning the next piece overlaps the DMA of this one.
+struct PinnedPiece {
+  uint64_t offset = 0;  // within the transfer
+  uint64_t length = 0;
+  uint32_t first_chunk = 0;  // its descriptors: chunks[first, first + count)
+  uint32_t chunk_count = 0;
+  PinTracker::Lease lease;
+  HostWindowId window = kInvalidHostWindow;
+  // Descriptors submitted and not yet completed.
+  std::atomic<uint32_t> running{0};
+};
+
 struct Chunk {
   Op* op = nullptr;
   uint32_t index = 0;
   uint64_t offset = 0;  // within the transfer
   uint64_t length = 0;
   char* staging = nullptr;
+  PinnedPiece* piece = nullptr;  // pinned path: the piece it belongs to
   int64_t submit_ns = 0;
 };
 
@@ -92,7 +107,7 @@ struct Op {
   // Why a pinned transfer is pinned: 0 over threshold, 1 region off,
   // 2 staging timeout.
   int pin_reason = 0;
-  int device = 0;  // the queue's device
+  int device = 0;             // the queue's device
   const char* src = nullptr;  // host source (to device)
   char* dst = nullptr;        // host destination (from device)
   uint64_t size = 0;
@@ -104,19 +119,20 @@ struct Op {
       HostBufferSemantics::kImmutableUntilTransferCompletes;
   std::shared_ptr<EventState> event;
   int64_t submit_ns = 0;
-  int64_t start_ns = 0;  // 0 until started
+  int64_t start_ns = 0;        // 0 until started
   uint64_t staging_chunk = 0;  // staged: bytes per staging buffer
 
   // Dependencies: unresolved wait_for events, plus one held by Submit.
   std::atomic<int> deps_pending{1};
   std::atomic<bool> deps_ready{false};
 
-  // Chunks not yet completed, plus one held by the starter.
+  // Chunks not yet completed (and pinned pieces not yet released), plus
+  // one held by the starter.
   std::atomic<uint64_t> outstanding{1};
   std::vector<Chunk> chunks;
-  // Pinned path.
-  HostWindowId window = kInvalidHostWindow;
-  PinTracker::Lease lease;
+  // Pinned path: the pieces, and the bytes of them pinned now.
+  std::unique_ptr<PinnedPiece[]> pieces;
+  uint32_t piece_count = 0;
   // Kept alive from start to finish (chunks point into it).
   std::shared_ptr<Op> self;
   // Set when the engine no longer reads or writes the caller's buffer
@@ -134,6 +150,10 @@ struct Op {
   CondVar staging_cv;
   // Staged device→host: the next chunk to submit.
   uint32_t next_chunk ABSL_GUARDED_BY(mu) = 0;
+  // Pinned path: bytes of pieces pinned and not yet released; the starter
+  // waits on pin_cv for room under Config::pinned_in_flight_bytes.
+  uint64_t pinned_in_flight ABSL_GUARDED_BY(mu) = 0;
+  CondVar pin_cv;
 
   // Splits the transfer into chunks of `step` bytes (the last one may be
   // shorter; none for an empty transfer) and counts them outstanding.
@@ -191,9 +211,11 @@ class Engine {
     }
     return absl::OkStatus();
   }
-  absl::StatusOr<std::shared_ptr<Op>> NewHostOp(
-      OpKind kind, const DeviceBuffer& buffer, uint64_t offset,
-      const void* host, uint64_t size, HostBufferSemantics semantics);
+  absl::StatusOr<std::shared_ptr<Op>> NewHostOp(OpKind kind,
+                                                const DeviceBuffer& buffer,
+                                                uint64_t offset,
+                                                const void* host, uint64_t size,
+                                                HostBufferSemantics semantics);
   absl::StatusOr<std::shared_ptr<Op>> NewDeviceToDeviceOp(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size);
@@ -223,8 +245,8 @@ class Engine {
     std::deque<DmaDescriptor> overflow ABSL_GUARDED_BY(ring_mu);
     std::atomic<bool> has_overflow{false};
 
-    std::atomic<uint64_t> submitted{0}, completed{0}, failed{0},
-        cancelled{0}, descriptors{0}, ring_full{0}, in_flight{0};
+    std::atomic<uint64_t> submitted{0}, completed{0}, failed{0}, cancelled{0},
+        descriptors{0}, ring_full{0}, in_flight{0};
   };
 
   // The sink of one device.
@@ -271,13 +293,19 @@ class Engine {
   void StartStagedToDevice(Op& op, char* first);
   void StartStagedFromDevice(Op& op, char* first);
   void StartPinned(Op& op, int reason);
+  // Lays the pinned path's pieces and their descriptors out; returns the
+  // number of pieces.
+  uint32_t LayOutPinned(Op& op);
+  // Unregisters and unpins a piece whose descriptors have all completed;
+  // on the device's host worker.
+  void ReleasePiece(Op& op, PinnedPiece& piece);
   void SubmitChunk(Op& op, Chunk& chunk, HostWindowId window,
                    uint64_t host_offset);
   void SubmitDescriptors(Queue& q, absl::Span<const DmaDescriptor> d);
   void DrainOverflow(Queue& q);
   void SubmitOverflowLocked(Queue& q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.ring_mu);
+  // Counts `n` chunks (or pieces) of `op` done; the last one completes it.
   void ChunkDone(Op& op, uint64_t n = 1);
-  void FinishOp(Op& op);
   void CompleteOp(Op& op);
   void CancelUnstarted(const std::shared_ptr<Op>& op, absl::Status status);
   void OnDmaComplete(int device, DmaDirection direction,
@@ -301,7 +329,9 @@ class Engine {
   const int64_t origin_ns_;
 
   CallbackExecutor callbacks_;
-  HostWorker host_worker_{"tpushim-host"};
+  // Host-side completion work, one worker per device so that one device's
+  // slow work (unpinning a large buffer) never delays another's.
+  std::vector<std::unique_ptr<HostWorker>> host_workers_;
   PinTracker pins_;
   std::unique_ptr<TraceRecorder> trace_;
   std::vector<std::unique_ptr<Sink>> sinks_;

@@ -1,5 +1,3 @@
-#include "transfer/engine.h"
-
 #include <memory>
 #include <utility>
 
@@ -7,6 +5,7 @@
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "logging/log.h"
+#include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
 
@@ -15,9 +14,9 @@ namespace tpushim::transfer_internal {
 absl::StatusOr<DeviceBuffer> Engine::Allocate(int device, uint64_t size) {
   TPUSHIM_RETURN_IF_ERROR(CheckOpen());
   if (device < 0 || device >= device_count()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Allocate: device ", device, " does not exist (devices 0..",
-        device_count() - 1, ")"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Allocate: device ", device,
+                     " does not exist (devices 0..", device_count() - 1, ")"));
   }
   if (size == 0) {
     return absl::InvalidArgumentError(
@@ -141,7 +140,7 @@ void Engine::DeallocStep(const std::shared_ptr<Allocation>& a) {
     if (--a->dealloc_waiting > 0) return;
   }
   // Freeing may give pages back to the OS: not on a DMA thread.
-  host_worker_.Post([this, a] {
+  host_workers_[a->device]->Post([this, a] {
     FreeAllocation(a);
     std::shared_ptr<EventState> event;
     absl::Status status;

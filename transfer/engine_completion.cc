@@ -1,10 +1,9 @@
-#include "transfer/engine.h"
-
 #include <cstring>
 #include <memory>
 #include <utility>
 
 #include "logging/log.h"
+#include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
 
@@ -30,6 +29,17 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
           chunk.submit_ns, c.start_ns, c.end_ns, !c.status.ok());
     }
     if (!c.status.ok()) op.RecordError(c.status);
+    if (PinnedPiece* piece = chunk.piece; piece != nullptr) {
+      // The piece's last descriptor: unregistering and unpinning are
+      // system calls, off the DMA thread.
+      if (piece->running.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        Op* o = &op;
+        host_workers_[device]->Post(
+            [this, o, piece] { ReleasePiece(*o, *piece); });
+      }
+      ChunkDone(op);
+      continue;
+    }
     if (op.path == TransferPath::kStaged &&
         op.kind != OpKind::kDeviceToDevice) {
       if (op.kind == OpKind::kToDevice) {
@@ -53,7 +63,7 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
       } else {
         if (c.status.ok() && chunk.length > config_.inline_copy_bytes) {
           Chunk* cp = &chunk;
-          host_worker_.Post([this, cp] {
+          host_workers_[device]->Post([this, cp] {
             std::memcpy(cp->op->dst + cp->offset, cp->staging, cp->length);
             NextFromDevice(*cp->op, *cp, true);
           });
@@ -72,29 +82,10 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
   in_completion_.fetch_sub(1, std::memory_order_release);
 }
 
-
 void Engine::ChunkDone(Op& op, uint64_t n) {
   if (op.outstanding.fetch_sub(n, std::memory_order_acq_rel) == n) {
-    FinishOp(op);
+    CompleteOp(op);
   }
-}
-
-void Engine::FinishOp(Op& op) {
-  if (op.window != kInvalidHostWindow || !op.lease.segments.empty()) {
-    // Unregistering and unpinning are system calls: off the DMA thread.
-    host_worker_.Post([this, &op] {
-      if (op.window != kInvalidHostWindow) {
-        absl::Status s = devices_[op.device]->UnregisterHostWindow(op.window);
-        if (!s.ok()) LOG(ERROR) << s;
-        op.window = kInvalidHostWindow;
-      }
-      pins_.Unpin(std::move(op.lease));
-      op.lease.segments.clear();
-      CompleteOp(op);
-    });
-    return;
-  }
-  CompleteOp(op);
 }
 
 void Engine::CompleteOp(Op& op) {
@@ -109,11 +100,10 @@ void Engine::CompleteOp(Op& op) {
   } else {
     q.failed.fetch_add(1, std::memory_order_relaxed);
   }
-  PathCounters& stats =
-      op.kind == OpKind::kDeviceToDevice
-          ? d2d_stats_
-          : host_stats_[static_cast<int>(op.direction)]
-                       [static_cast<int>(op.path)];
+  PathCounters& stats = op.kind == OpKind::kDeviceToDevice
+                            ? d2d_stats_
+                            : host_stats_[static_cast<int>(op.direction)]
+                                         [static_cast<int>(op.path)];
   stats.transfers.fetch_add(1, std::memory_order_relaxed);
   if (status.ok()) {
     stats.bytes.fetch_add(op.size, std::memory_order_relaxed);

@@ -1,14 +1,70 @@
-#include "transfer/engine.h"
-
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/human_bytes.h"
 #include "logging/log.h"
+#include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
+
+uint32_t Engine::LayOutPinned(Op& op) {
+  const uint64_t piece_bytes = config_.pinned_piece_bytes;
+  const uint64_t step = config_.descriptor_bytes;
+  // Pieces end on page boundaries of the caller's buffer where the device
+  // allows it (the first piece then takes the bytes up to the first page
+  // boundary too), so that no page belongs to two pieces and the bound on
+  // pinned bytes holds page for page. A device moving whole blocks may
+  // need the boundaries at whole blocks of the transfer instead; then two
+  // pieces may share a page, which the pin tracker counts for both.
+  const uintptr_t host = reinterpret_cast<uintptr_t>(
+      op.kind == OpKind::kToDevice ? static_cast<const void*>(op.src)
+                                   : static_cast<const void*>(op.dst));
+  const uint64_t page = os_->PageSize();
+  const uint64_t to_page = (page - host % page) % page;
+  const uint64_t block = devices_[op.device]->info().block_bytes;
+  const uint64_t first =
+      piece_bytes % page == 0 && to_page % block == 0 ? to_page + piece_bytes
+                                                      : piece_bytes;
+  std::vector<std::pair<uint64_t, uint64_t>> bounds;  // offset, length
+  for (uint64_t offset = 0; offset < op.size;) {
+    const uint64_t length =
+        std::min(offset == 0 ? first : piece_bytes, op.size - offset);
+    bounds.emplace_back(offset, length);
+    offset += length;
+  }
+  uint64_t descriptors = 0;
+  for (const auto& [offset, length] : bounds) {
+    descriptors += (length + step - 1) / step;
+  }
+  op.pieces = std::make_unique<PinnedPiece[]>(bounds.size());
+  op.piece_count = static_cast<uint32_t>(bounds.size());
+  op.chunks.resize(descriptors);
+  uint32_t index = 0;
+  for (uint32_t p = 0; p < op.piece_count; ++p) {
+    PinnedPiece& piece = op.pieces[p];
+    piece.offset = bounds[p].first;
+    piece.length = bounds[p].second;
+    piece.first_chunk = index;
+    for (uint64_t off = 0; off < piece.length; off += step, ++index) {
+      Chunk& c = op.chunks[index];
+      c.op = &op;
+      c.index = index;
+      c.offset = piece.offset + off;
+      c.length = std::min(step, piece.length - off);
+      c.piece = &piece;
+    }
+    piece.chunk_count = index - piece.first_chunk;
+  }
+  // Each descriptor, and each piece until it is released.
+  op.outstanding.fetch_add(descriptors + op.piece_count,
+                           std::memory_order_relaxed);
+  return op.piece_count;
+}
 
 void Engine::StartPinned(Op& op, int reason) {
   if (op.path == TransferPath::kStaged) op.path = TransferPath::kPinned;
@@ -20,33 +76,82 @@ void Engine::StartPinned(Op& op, int reason) {
     return;
   }
   WarnPinned(op, reason);
-  void* host = op.kind == OpKind::kToDevice
-                   ? const_cast<char*>(op.src)
-                   : static_cast<void*>(op.dst);
-  absl::StatusOr<PinTracker::Lease> lease = pins_.Pin(host, op.size);
-  if (!lease.ok()) {
-    op.RecordError(absl::Status(
-        lease.status().code(),
-        absl::StrCat("Pinning ", HumanReadableBytes(op.size),
-                     " of caller memory for a ",
-                     DmaDirectionDescription(op.direction),
-                     " transfer failed: ", lease.status().message(),
-                     ". Raise the memlock limit (ulimit -l) or allocate the "
-                     "buffer from the premapped region.")));
-    ChunkDone(op);
-    return;
+  char* const host =
+      op.kind == OpKind::kToDevice ? const_cast<char*>(op.src) : op.dst;
+  Device* const device = devices_[op.device];
+  const uint32_t pieces = LayOutPinned(op);
+  uint32_t p = 0;
+  for (; p < pieces; ++p) {
+    PinnedPiece& piece = op.pieces[p];
+    // Room under the bound on pinned bytes: the pieces before this one
+    // are released as their DMA completes. One piece always fits.
+    {
+      MutexLock lock(&op.mu);
+      while (op.pinned_in_flight > 0 && op.pinned_in_flight + piece.length >
+                                            config_.pinned_in_flight_bytes) {
+        op.pin_cv.Wait(&op.mu);
+      }
+    }
+    if (closing_.load(std::memory_order_acquire)) {
+      op.RecordError(absl::CancelledError(
+          "the transfer engine shut down during the transfer"));
+    }
+    if (!op.Error().ok()) break;  // a descriptor failed, or shutdown
+    absl::StatusOr<PinTracker::Lease> lease =
+        pins_.Pin(host + piece.offset, piece.length);
+    if (!lease.ok()) {
+      op.RecordError(absl::Status(
+          lease.status().code(),
+          absl::StrCat("Pinning ", HumanReadableBytes(op.size),
+                       " of caller memory for a ",
+                       DmaDirectionDescription(op.direction),
+                       " transfer failed: ", lease.status().message(),
+                       ". Raise the memlock limit (ulimit -l) or allocate "
+                       "the buffer from the premapped region.")));
+      break;
+    }
+    absl::StatusOr<HostWindowId> window =
+        device->RegisterHostWindow(host + piece.offset, piece.length);
+    if (!window.ok()) {
+      pins_.Unpin(*std::move(lease));
+      op.RecordError(window.status());
+      break;
+    }
+    VLOG(2) << "Pinned " << piece.length << " bytes at offset " << piece.offset
+            << " of transfer " << op.id << " on " << device->info().name;
+    piece.lease = *std::move(lease);
+    piece.window = *window;
+    {
+      MutexLock lock(&op.mu);
+      op.pinned_in_flight += piece.length;
+    }
+    piece.running.store(piece.chunk_count, std::memory_order_release);
+    for (uint32_t c = 0; c < piece.chunk_count; ++c) {
+      Chunk& chunk = op.chunks[piece.first_chunk + c];
+      SubmitChunk(op, chunk, piece.window, chunk.offset - piece.offset);
+    }
   }
-  absl::StatusOr<HostWindowId> window =
-      devices_[op.device]->RegisterHostWindow(host, op.size);
-  if (!window.ok()) {
-    pins_.Unpin(*std::move(lease));
-    op.RecordError(window.status());
-    ChunkDone(op);
-    return;
+  // Pieces never pinned: their descriptors and their holds.
+  uint64_t abandoned = 0;
+  for (uint32_t q = p; q < pieces; ++q)
+    abandoned += op.pieces[q].chunk_count + 1;
+  if (abandoned > 0) ChunkDone(op, abandoned);
+  ChunkDone(op);  // the starter's hold
+}
+
+void Engine::ReleasePiece(Op& op, PinnedPiece& piece) {
+  absl::Status s = devices_[op.device]->UnregisterHostWindow(piece.window);
+  if (!s.ok()) LOG(ERROR) << "Unregistering pinned transfer memory: " << s;
+  piece.window = kInvalidHostWindow;
+  pins_.Unpin(std::move(piece.lease));
+  VLOG(2) << "Unpinned " << piece.length << " bytes at offset " << piece.offset
+          << " of transfer " << op.id;
+  {
+    MutexLock lock(&op.mu);
+    op.pinned_in_flight -= piece.length;
   }
-  op.lease = *std::move(lease);
-  op.window = *window;
-  StartDescriptors(op, op.window, 0);
+  op.pin_cv.Signal();
+  ChunkDone(op);  // the piece's hold
 }
 
 void Engine::WarnPinned(const Op& op, int reason) {
@@ -90,8 +195,8 @@ void Engine::WarnPinned(const Op& op, int reason) {
   LOG(WARNING) << "Transfer of " << HumanReadableBytes(op.size) << " "
                << DmaDirectionDescription(op.direction) << " on "
                << devices_[op.device]->info().name
-               << " pins the caller's memory for the transfer (slower): "
-               << why << "."
+               << " pins the caller's memory for the transfer (slower): " << why
+               << "."
                << (suppressed > 0
                        ? absl::StrCat(" ", suppressed,
                                       " more such transfers since the last "

@@ -1,5 +1,3 @@
-#include "transfer/engine.h"
-
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -7,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
 
@@ -27,8 +26,8 @@ TransferPath Engine::PathFor(const void* host, uint64_t size,
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
-    OpKind kind, const DeviceBuffer& buffer, uint64_t offset,
-    const void* host, uint64_t size, HostBufferSemantics semantics) {
+    OpKind kind, const DeviceBuffer& buffer, uint64_t offset, const void* host,
+    uint64_t size, HostBufferSemantics semantics) {
   const bool to_device = kind == OpKind::kToDevice;
   const char* what = to_device ? "TransferToDevice" : "TransferFromDevice";
   TPUSHIM_RETURN_IF_ERROR(CheckOpen());
@@ -113,9 +112,9 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
   }
   if (stopped) {
     // Lost the race with Shutdown, which has already emptied the queue.
-    CancelUnstarted(op, absl::CancelledError(
-                            "the transfer engine shut down before the "
-                            "transfer started"));
+    CancelUnstarted(
+        op, absl::CancelledError("the transfer engine shut down before the "
+                                 "transfer started"));
     return Event(op->event);
   }
   for (const Event& e : wait_for) {
@@ -157,9 +156,9 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
                q.pending.front()->deps_ready.load(std::memory_order_acquire);
       }
       if (cancel) {
-        CancelUnstarted(op, absl::CancelledError(
-                                "the transfer engine shut down before the "
-                                "transfer started"));
+        CancelUnstarted(
+            op, absl::CancelledError("the transfer engine shut down before the "
+                                     "transfer started"));
       }
       if (wake) q.cv.Signal();
     } else {
@@ -276,8 +275,7 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
   return true;
 }
 
-void Engine::StartDescriptors(Op& op, HostWindowId window,
-                              uint64_t host_base) {
+void Engine::StartDescriptors(Op& op, HostWindowId window, uint64_t host_base) {
   op.LayOutChunks(std::max<uint64_t>(config_.descriptor_bytes, 1));
   for (Chunk& c : op.chunks) {
     SubmitChunk(op, c, window, host_base + c.offset);

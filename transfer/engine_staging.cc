@@ -1,11 +1,10 @@
-#include "transfer/engine.h"
-
 #include <algorithm>
 #include <cstring>
 #include <vector>
 
 #include "common/cpu_relax.h"
 #include "logging/log.h"
+#include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
 
@@ -16,8 +15,8 @@ char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
     uint64_t cur = staging_in_flight_.load(std::memory_order_relaxed);
     bool reserved = false;
     while (cur + bytes <= max_staging_) {
-      if (staging_in_flight_.compare_exchange_weak(
-              cur, cur + bytes, std::memory_order_acq_rel)) {
+      if (staging_in_flight_.compare_exchange_weak(cur, cur + bytes,
+                                                   std::memory_order_acq_rel)) {
         reserved = true;
         break;
       }
@@ -42,8 +41,7 @@ char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
     const int64_t now = os_->MonotonicNanos();
     if (now >= deadline_ns || closing_.load(std::memory_order_acquire)) {
       if (wait_start != 0) {
-        staging_wait_ns_.fetch_add(now - wait_start,
-                                   std::memory_order_relaxed);
+        staging_wait_ns_.fetch_add(now - wait_start, std::memory_order_relaxed);
       }
       return nullptr;
     }
@@ -158,9 +156,8 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
     c.staging = buf;
     std::memcpy(buf, op.src + c.offset, c.length);
     buf = nullptr;
-    const uint64_t host_offset =
-        reinterpret_cast<uintptr_t>(c.staging) -
-        reinterpret_cast<uintptr_t>(region_->base());
+    const uint64_t host_offset = reinterpret_cast<uintptr_t>(c.staging) -
+                                 reinterpret_cast<uintptr_t>(region_->base());
     SubmitChunk(op, c, region_windows_[op.device], host_offset);
   }
   // Done copying: the caller's buffer is free, spare buffers go back.

@@ -41,16 +41,15 @@ void HostWorker::Loop() {
     if (queue_.empty() && !stop_) {
       const uint64_t seen = posted_.load(std::memory_order_acquire);
       mu_.Unlock();
-      SpinFor(kIdleSpinNs, [&] {
-        return posted_.load(std::memory_order_acquire) != seen;
-      });
+      SpinFor(kIdleSpinNs,
+              [&] { return posted_.load(std::memory_order_acquire) != seen; });
       mu_.Lock();
       sleeping_ = true;
       while (queue_.empty() && !stop_) cv_.Wait(&mu_);
       sleeping_ = false;
     }
     if (queue_.empty()) return;
-    absl::AnyInvocable<void() &&> fn = std::move(queue_.front());
+    absl::AnyInvocable<void()&&> fn = std::move(queue_.front());
     queue_.pop_front();
     mu_.Unlock();
     std::move(fn)();

@@ -23,25 +23,37 @@ absl::StatusOr<PinTracker::Lease> PinTracker::Pin(const void* addr,
   const PageHull hull = PageHull::Of(addr, length, os_->PageSize());
   const uintptr_t begin = hull.begin;
   const uintptr_t end = hull.end;
-  Lease lease;
   MutexLock lock(&mu_);
   // The first segment that may overlap: the one starting at or before
   // `begin`, if it reaches past it.
-  auto it = segments_.upper_bound(begin);
-  if (it != segments_.begin() && std::prev(it)->second.end > begin) --it;
+  auto first_overlap = [&] {
+    auto it = segments_.upper_bound(begin);
+    if (it != segments_.begin() && std::prev(it)->second.end > begin) --it;
+    return it;
+  };
+  // Wait until no segment of the range is in transition.
+  for (;;) {
+    bool busy = false;
+    for (auto it = first_overlap(); it != segments_.end() && it->first < end;
+         ++it) {
+      busy |= it->second.state != State::kPinned;
+    }
+    if (!busy) break;
+    settled_.Wait(&mu_);
+  }
+  // Claim the range: gaps become segments being pinned by this call, and
+  // pinned segments gain a user.
+  Lease lease;
+  std::vector<std::pair<uintptr_t, uintptr_t>> gaps;
+  auto it = first_overlap();
   uintptr_t cursor = begin;
   while (cursor < end) {
     const uintptr_t gap_end =
         (it == segments_.end() || it->first >= end) ? end : it->first;
     if (cursor < gap_end) {
-      absl::Status s = os_->PinRange(reinterpret_cast<const void*>(cursor),
-                                     gap_end - cursor);
-      if (!s.ok()) {
-        for (uintptr_t b : lease.segments) ReleaseLocked(b);
-        return s;
-      }
-      it = segments_.emplace_hint(it, cursor, Segment{gap_end, 1});
-      pinned_bytes_ += gap_end - cursor;
+      it = segments_.emplace_hint(it, cursor,
+                                  Segment{gap_end, 1, State::kPinning});
+      gaps.emplace_back(cursor, gap_end);
       lease.segments.push_back(cursor);
       cursor = gap_end;
       ++it;
@@ -53,27 +65,61 @@ absl::StatusOr<PinTracker::Lease> PinTracker::Pin(const void* addr,
     cursor = it->second.end;
     ++it;
   }
-  return lease;
+  if (gaps.empty()) return lease;
+
+  mu_.Unlock();
+  absl::Status status;
+  size_t pinned = 0;
+  for (; pinned < gaps.size(); ++pinned) {
+    const auto& [b, e] = gaps[pinned];
+    status = os_->PinRange(reinterpret_cast<const void*>(b), e - b);
+    if (!status.ok()) break;
+  }
+  mu_.Lock();
+  for (size_t i = 0; i < gaps.size(); ++i) {
+    Segment& segment = segments_.at(gaps[i].first);
+    if (i < pinned) {
+      segment.state = State::kPinned;
+      pinned_bytes_ += gaps[i].second - gaps[i].first;
+    } else {
+      // Never pinned: gone again before anyone could use it.
+      segments_.erase(gaps[i].first);
+      std::erase(lease.segments, gaps[i].first);
+    }
+  }
+  settled_.SignalAll();
+  if (status.ok()) return lease;
+  ReleaseLocked(lease.segments);
+  return status;
 }
 
 void PinTracker::Unpin(Lease lease) {
   MutexLock lock(&mu_);
-  for (uintptr_t b : lease.segments) ReleaseLocked(b);
+  ReleaseLocked(lease.segments);
 }
 
-void PinTracker::ReleaseLocked(uintptr_t begin) {
-  auto it = segments_.find(begin);
-  if (it == segments_.end()) {
-    LOG(ERROR) << "PinTracker: releasing a segment that is not pinned";
-    return;
+void PinTracker::ReleaseLocked(const std::vector<uintptr_t>& begins) {
+  std::vector<std::pair<uintptr_t, uintptr_t>> unpin;
+  for (uintptr_t b : begins) {
+    auto it = segments_.find(b);
+    if (it == segments_.end() || it->second.state != State::kPinned) {
+      LOG(ERROR) << "PinTracker: releasing a segment that is not pinned";
+      continue;
+    }
+    if (--it->second.users > 0) continue;
+    it->second.state = State::kUnpinning;
+    pinned_bytes_ -= it->second.end - b;
+    unpin.emplace_back(b, it->second.end);
   }
-  if (--it->second.users > 0) return;
-  const uint64_t length = it->second.end - begin;
-  absl::Status s =
-      os_->UnpinRange(reinterpret_cast<const void*>(begin), length);
-  if (!s.ok()) LOG(ERROR) << "Unpinning transfer memory failed: " << s;
-  pinned_bytes_ -= length;
-  segments_.erase(it);
+  if (unpin.empty()) return;
+  mu_.Unlock();
+  for (const auto& [b, e] : unpin) {
+    absl::Status s = os_->UnpinRange(reinterpret_cast<const void*>(b), e - b);
+    if (!s.ok()) LOG(ERROR) << "Unpinning transfer memory failed: " << s;
+  }
+  mu_.Lock();
+  for (const auto& [b, e] : unpin) segments_.erase(b);
+  settled_.SignalAll();
 }
 
 uint64_t PinTracker::pinned_bytes() const {

@@ -11,9 +11,12 @@
 // A pinned segment is never split: a transfer overlapping part of a
 // segment keeps the whole segment pinned until every user is done.
 //
-// Thread-safety: thread-safe. Pin and Unpin hold the tracker's own mutex
-// across the mlock/munlock calls — the count and the pinning must change
-// together — and take no other lock.
+// Thread-safety: thread-safe. The mlock/munlock calls run outside the
+// tracker's mutex — pinning a large buffer for one device must not hold up
+// another device's small pin — so a segment is in one of three states:
+// being pinned, pinned, or being unpinned. A call that meets a segment
+// in transition waits for it (a short wait: the segment's own syscall);
+// calls over other segments go ahead.
 //
 //   TPUSHIM_ASSIGN_OR_RETURN(PinTracker::Lease lease, pins.Pin(p, n));
 //   ... DMA from [p, p + n) ...
@@ -50,7 +53,8 @@ class PinTracker {
   // Pins the pages of [addr, addr + length) that are not pinned yet and
   // counts one more user of every segment the range touches. On error
   // (the first failing Os::PinRange), undoes what this call did and
-  // returns that error. REQUIRES: length >= 1.
+  // returns that error. Waits while a segment the range touches is being
+  // pinned or unpinned by another call. REQUIRES: length >= 1.
   absl::StatusOr<Lease> Pin(const void* addr, uint64_t length);
   // Ends a lease: segments that lose their last user are unpinned.
   void Unpin(Lease lease);
@@ -60,16 +64,23 @@ class PinTracker {
   size_t segments() const;
 
  private:
+  enum class State { kPinning, kPinned, kUnpinning };
   struct Segment {
     uintptr_t end = 0;
     uint64_t users = 0;
+    State state = State::kPinning;
   };
-  void ReleaseLocked(uintptr_t begin) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops one user of each segment in `begins`; those left without users
+  // are unpinned (the lock is released around the munlock calls).
+  void ReleaseLocked(const std::vector<uintptr_t>& begins)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Os* const os_;
   mutable Mutex mu_;
+  // Signalled whenever a segment leaves kPinning or kUnpinning.
+  CondVar settled_;
   std::map<uintptr_t, Segment> segments_ ABSL_GUARDED_BY(mu_);  // by begin
-  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t pinned_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // kPinned segments
 };
 
 }  // namespace tpushim

@@ -47,8 +47,7 @@ std::atomic<uint64_t> g_engine_serial{0};
 
 Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
                TransferEngine::Config config,
-               std::array<uint64_t, 2> chunk_bytes,
-               uint64_t max_staging)
+               std::array<uint64_t, 2> chunk_bytes, uint64_t max_staging)
     : serial_(g_engine_serial.fetch_add(1) + 1),
       devices_(std::move(devices)),
       region_(region),
@@ -59,9 +58,13 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
       threshold_(region == nullptr ? 0 : region->allocator().threshold()),
       origin_ns_(os->MonotonicNanos()),
       pins_(os) {
+  for (size_t i = 0; i < devices_.size(); ++i) {
+    host_workers_.push_back(
+        std::make_unique<HostWorker>(absl::StrCat("tpushim-host", i)));
+  }
   if (!config_.trace_file.empty()) {
-    trace_ = std::make_unique<TraceRecorder>(config_.trace_file, os_,
-                                             origin_ns_);
+    trace_ =
+        std::make_unique<TraceRecorder>(config_.trace_file, os_, origin_ns_);
   }
 }
 
@@ -81,8 +84,7 @@ absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
         return absl::Status(
             w.status().code(),
             absl::StrCat("Registering the premapped region with ",
-                         dev->info().name,
-                         " failed: ", w.status().message()));
+                         dev->info().name, " failed: ", w.status().message()));
       }
       region_windows_.push_back(*w);
     }
@@ -102,8 +104,8 @@ absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
   for (auto& q : queues_) {
     Queue* qp = q.get();
     q->worker = std::thread([this, qp] {
-      const std::string name = absl::StrFormat(
-          "xfer%d-%s", qp->device, DmaDirectionName(qp->direction));
+      const std::string name = absl::StrFormat("xfer%d-%s", qp->device,
+                                               DmaDirectionName(qp->direction));
       pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
       WorkerLoop(*qp);
     });
@@ -120,7 +122,6 @@ absl::Status Engine::CheckOpen() const {
   }
   return absl::OkStatus();
 }
-
 
 // ---- Shutdown and stats ----------------------------------------------------
 
@@ -147,9 +148,9 @@ void Engine::Shutdown() {
     }
     q->cv.SignalAll();
     for (const std::shared_ptr<Op>& op : pending) {
-      CancelUnstarted(op, absl::CancelledError(
-                              "the transfer engine shut down before the "
-                              "transfer started"));
+      CancelUnstarted(
+          op, absl::CancelledError("the transfer engine shut down before the "
+                                   "transfer started"));
     }
   }
   for (auto& q : queues_) {
@@ -162,9 +163,8 @@ void Engine::Shutdown() {
     const int64_t warn_at = os_->MonotonicNanos() + 10'000'000'000;
     bool warned = false;
     while (unfinished_ > 0) {
-      if (idle_cv_.WaitUntilMonotonicNanos(&idle_mu_,
-                                           os_->MonotonicNanos() +
-                                               100'000'000) &&
+      if (idle_cv_.WaitUntilMonotonicNanos(
+              &idle_mu_, os_->MonotonicNanos() + 100'000'000) &&
           !warned && os_->MonotonicNanos() > warn_at) {
         warned = true;
         LOG(WARNING) << "Transfer engine shutdown: still waiting for "
@@ -237,8 +237,7 @@ TransferEngine::Stats Engine::GetStats() const {
   s.staging_wait_ns = staging_wait_ns_.load(std::memory_order_relaxed);
   s.pinned_over_threshold = pinned_reasons_[0].load(std::memory_order_relaxed);
   s.pinned_region_off = pinned_reasons_[1].load(std::memory_order_relaxed);
-  s.pinned_staging_timeout =
-      pinned_reasons_[2].load(std::memory_order_relaxed);
+  s.pinned_staging_timeout = pinned_reasons_[2].load(std::memory_order_relaxed);
   s.pinned_bytes_now = pins_.pinned_bytes();
   {
     MutexLock lock(&mu_);
@@ -267,10 +266,10 @@ TransferEngine::Stats Engine::GetStats() const {
   return s;
 }
 
-
 }  // namespace transfer_internal
 
-// ---- Public wrappers ---------------------------------------------------------
+// ---- Public wrappers
+// ---------------------------------------------------------
 
 int DeviceBuffer::device() const {
   return allocation_ ? allocation_->device : -1;
@@ -316,13 +315,15 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     }
   }
   if (config.chunk_bytes == 0 || config.from_device_chunk_bytes == 0 ||
-      config.descriptor_bytes == 0 || config.staging_depth < 1 ||
-      config.staging_depth > 64) {
+      config.descriptor_bytes == 0 || config.pinned_piece_bytes == 0 ||
+      config.staging_depth < 1 || config.staging_depth > 64) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "TransferEngine: chunk_bytes, from_device_chunk_bytes and "
-        "descriptor_bytes must be >= 1 and staging_depth in [1, 64] (got ",
+        "TransferEngine: chunk_bytes, from_device_chunk_bytes, "
+        "descriptor_bytes and pinned_piece_bytes must be >= 1 and "
+        "staging_depth in [1, 64] (got ",
         config.chunk_bytes, ", ", config.from_device_chunk_bytes, ", ",
-        config.descriptor_bytes, " and ", config.staging_depth, ")"));
+        config.descriptor_bytes, ", ", config.pinned_piece_bytes, " and ",
+        config.staging_depth, ")"));
   }
   std::array<uint64_t, 2> chunks = {config.chunk_bytes,
                                     config.from_device_chunk_bytes};
@@ -334,6 +335,7 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
     return std::max(block, bytes / block * block);
   };
   config.descriptor_bytes = whole_blocks(config.descriptor_bytes);
+  config.pinned_piece_bytes = whole_blocks(config.pinned_piece_bytes);
   uint64_t max_staging = 0;
   if (region != nullptr) {
     for (uint64_t& c : chunks) {
@@ -345,9 +347,9 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
       max_staging = std::min<uint64_t>(uint64_t{256} << 20,
                                        std::max(region->size() / 4, chunk));
     } else if (max_staging < chunk) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "TransferEngine: max_staging_bytes=", max_staging,
-          " is below one staging chunk (", chunk, " bytes)"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("TransferEngine: max_staging_bytes=", max_staging,
+                       " is below one staging chunk (", chunk, " bytes)"));
     }
   }
   std::move(release_windows).Cancel();
@@ -393,8 +395,8 @@ absl::StatusOr<Event> TransferEngine::TransferFromDevice(
   TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
-      impl_->NewHostOp(transfer_internal::OpKind::kFromDevice, src,
-                       src_offset, dst, size, semantics));
+      impl_->NewHostOp(transfer_internal::OpKind::kFromDevice, src, src_offset,
+                       dst, size, semantics));
   return impl_->Submit(std::move(op), wait_for);
 }
 

@@ -24,7 +24,12 @@
 //  3. pinned — larger than the threshold, the region is off, or no staging
 //     room freed up within `Config::staging_wait`: the caller's pages are
 //     pinned (Os::PinRange, fault point `pin`, reference-counted across
-//     transfers) and registered with the device for this transfer only. A
+//     transfers) and registered with the device for this transfer only, in
+//     pieces (`Config::pinned_piece_bytes`, at most
+//     `Config::pinned_in_flight_bytes` at once) so that pinning the next
+//     piece overlaps the DMA of this one; a piece is unregistered and
+//     unpinned as soon as its DMA is done, and all of them before the
+//     transfer's event is ready. A
 //     WARNING naming the threshold says so, at most once per
 //     `Config::fallback_warning_interval`, with the count of the ones it
 //     did not print.
@@ -101,6 +106,12 @@ class TransferEngine {
     // descriptors of at most this size (several DMA engines share a large
     // transfer; the trace shows its progress).
     uint64_t descriptor_bytes = uint64_t{512} << 10;
+    // The pinned path pins, registers, transfers and unpins the caller's
+    // buffer in pieces of this size, with at most `pinned_in_flight_bytes`
+    // of them pinned at once (at least one piece), so that pinning piece
+    // k+1 overlaps the DMA of piece k.
+    uint64_t pinned_piece_bytes = uint64_t{4} << 20;
+    uint64_t pinned_in_flight_bytes = uint64_t{32} << 20;
     // Bound on staging bytes in flight; 0 = a quarter of the region, at
     // most 256 MiB, at least one chunk.
     uint64_t max_staging_bytes = 0;

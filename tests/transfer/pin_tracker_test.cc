@@ -8,6 +8,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <chrono>
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -410,6 +411,71 @@ class Model {
   std::map<int, int> users_;
   int next_id_ = 0;
 };
+
+// An OS layer whose PinRange of one chosen address blocks until the test
+// opens the gate: a pin that takes long, as mlock of a large buffer does.
+class GatedOs : public OsWrapper {
+ public:
+  GatedOs(Os* target, uintptr_t gated) : OsWrapper(target), gated_(gated) {}
+  absl::Status PinRange(const void* addr, size_t length) override {
+    if (reinterpret_cast<uintptr_t>(addr) == gated_) {
+      entered_.Notify();
+      gate_.WaitForNotification();
+    }
+    return OsWrapper::PinRange(addr, length);
+  }
+  Notification entered_;  // the gated pin has started
+  Notification gate_;     // let it finish
+
+ private:
+  const uintptr_t gated_;
+};
+
+TEST_F(PinTrackerTest, ASlowPinDoesNotHoldUpPinsOfOtherPages) {
+  GatedOs gated(os_.get(), addr(0));
+  PinTracker t(&gated);
+  absl::StatusOr<PinTracker::Lease> slow;
+  std::thread slow_pin([&] { slow = t.Pin(page(0), pages(8)); });
+  gated.entered_.WaitForNotification();
+  // Other pages: pinned and unpinned while the slow pin is in its syscall.
+  absl::StatusOr<PinTracker::Lease> other = t.Pin(page(16), pages(2));
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE(os_->Covers(addr(16), addr(18)));
+  t.Unpin(*std::move(other));
+  EXPECT_FALSE(os_->Covers(addr(16), addr(18)));
+  gated.gate_.Notify();
+  slow_pin.join();
+  ASSERT_TRUE(slow.ok()) << slow.status();
+  t.Unpin(*std::move(slow));
+  ExpectPinnedPages(t, 0, 0);
+}
+
+TEST_F(PinTrackerTest, APinOfPagesBeingPinnedWaitsForThemAndSharesThem) {
+  GatedOs gated(os_.get(), addr(0));
+  PinTracker t(&gated);
+  absl::StatusOr<PinTracker::Lease> first;
+  std::thread first_pin([&] { first = t.Pin(page(0), pages(4)); });
+  gated.entered_.WaitForNotification();
+  std::atomic<bool> second_done{false};
+  absl::StatusOr<PinTracker::Lease> second;
+  std::thread second_pin([&] {
+    second = t.Pin(page(2), pages(4));  // overlaps pages 2 and 3
+    second_done = true;
+  });
+  // It cannot finish while pages 2-3 are still being pinned.
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(second_done.load());
+  gated.gate_.Notify();
+  first_pin.join();
+  second_pin.join();
+  ASSERT_TRUE(first.ok() && second.ok());
+  // Pages 0-3 pinned once, 4-5 once more: two segments, six pages.
+  ExpectPinnedPages(t, 6, 2);
+  t.Unpin(*std::move(first));
+  EXPECT_TRUE(os_->Covers(addr(0), addr(6)));  // the second keeps them
+  t.Unpin(*std::move(second));
+  ExpectPinnedPages(t, 0, 0);
+}
 
 TEST_F(PinTrackerTest, RandomizedAgainstModel) {
   for (uint32_t seed : {1u, 7u, 42u, 2024u}) {
