@@ -42,33 +42,40 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "allocator/region_allocator.h"
+#include "allocator/region_pages.h"
 #include "env/fault_injection.h"
 #include "env/options.h"
 #include "env/os.h"
 
 namespace tpushim {
 
-enum class PageKind { k4K, kThp, kHugetlb };
-// "4 KiB pages", "transparent huge pages", "hugetlb 2 MiB pages" (the
-// hugetlb size is the pool's).
-std::string PageKindDescription(PageKind kind, uint64_t page_bytes);
-// "4k", "thp", "hugetlb" (for JSON and stats).
-absl::string_view PageKindName(PageKind kind);
-
 class PremappedRegion {
  public:
+  // What the region is, as the kernel reports it once it is premapped
+  // (/proc/self/smaps, get_mempolicy, move_pages), not what was asked for.
   struct Stats {
     RegionAllocator::Stats allocator;
-    PageKind page_kind = PageKind::k4K;
+    PageKind page_kind = PageKind::k4K;  // what backs it
     uint64_t page_bytes = 4096;
-    int numa_node = 0;
+    uint64_t huge_page_bytes = 0;  // on transparent or hugetlb huge pages
+    PageKind page_kind_asked = PageKind::k4K;
+    // As the start-up line says it, e.g. "transparent huge pages on 87% of
+    // the region, 4 KiB pages on the rest".
+    std::string page_description;
+    int numa_node = 0;  // the node its pages are on (or were bound to)
+    std::string numa_policy;  // "bind", "default", ... or "unknown"
+    std::vector<int> numa_nodes;  // nodes its pages were found on
     int prefault_threads = 0;
-    bool locked = false;  // mlock succeeded
+    bool lock_requested = false;  // the mlock call succeeded
+    uint64_t locked_bytes = 0;    // bytes the kernel holds locked
+    bool locked = false;          // all of it
     absl::Duration startup_time;
   };
 

@@ -340,8 +340,13 @@ SystemStats System::GetStats() const {
     s.region.live_allocations = r.allocator.live_allocations;
     s.region.page_kind = std::string(PageKindName(r.page_kind));
     s.region.page_bytes = r.page_bytes;
+    s.region.huge_page_bytes = r.huge_page_bytes;
+    s.region.page_kind_asked = std::string(PageKindName(r.page_kind_asked));
+    s.region.page_description = r.page_description;
     s.region.numa_node = r.numa_node;
+    s.region.numa_policy = r.numa_policy;
     s.region.prefault_threads = r.prefault_threads;
+    s.region.locked_bytes = r.locked_bytes;
     s.region.locked = r.locked;
     s.region.startup_time = r.startup_time;
   }

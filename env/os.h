@@ -115,6 +115,19 @@ class Os {
     uint64_t free_bytes = 0;
   };
   virtual absl::StatusOr<NumaNodeMemory> NumaMemoryOfNode(int node) = 0;
+  // The memory policy in force at `addr` (get_mempolicy with
+  // MPOL_F_ADDR): its mode (MPOL_DEFAULT, MPOL_BIND, ... of <numaif.h>)
+  // and nodes. UNIMPLEMENTED on a kernel without NUMA.
+  struct MemoryPolicy {
+    int mode = 0;
+    std::vector<int> nodes;
+  };
+  virtual absl::StatusOr<MemoryPolicy> MemoryPolicyOf(const void* addr) = 0;
+  // The node each of `pages` is on now (move_pages(2) without moving), or
+  // a negative errno for a page that is not present. UNIMPLEMENTED on a
+  // kernel without NUMA.
+  virtual absl::StatusOr<std::vector<int>> NodesOfPages(
+      const std::vector<const void*>& pages) = 0;
 
   // ---- Process, environment and clocks -----------------------------------
 
@@ -255,6 +268,13 @@ class OsWrapper : public Os {
   }
   absl::StatusOr<NumaNodeMemory> NumaMemoryOfNode(int node) override {
     return target_->NumaMemoryOfNode(node);
+  }
+  absl::StatusOr<MemoryPolicy> MemoryPolicyOf(const void* addr) override {
+    return target_->MemoryPolicyOf(addr);
+  }
+  absl::StatusOr<std::vector<int>> NodesOfPages(
+      const std::vector<const void*>& pages) override {
+    return target_->NodesOfPages(pages);
   }
   std::optional<std::string> GetEnv(const std::string& name) override {
     return target_->GetEnv(name);

@@ -261,6 +261,45 @@ class PosixOs final : public Os {
                           static_cast<uint64_t>(free_bytes)};
   }
 
+  absl::StatusOr<MemoryPolicy> MemoryPolicyOf(const void* addr) override {
+    // Room for every node the kernel may name.
+    std::vector<unsigned long> mask(16);
+    const unsigned long maxnode = mask.size() * 8 * sizeof(unsigned long);
+    int mode = 0;
+    if (get_mempolicy(&mode, mask.data(), maxnode, const_cast<void*>(addr),
+                      MPOL_F_ADDR) != 0) {
+      if (errno == ENOSYS) {
+        return absl::UnimplementedError("this kernel has no NUMA support");
+      }
+      return ErrnoStatus(errno, absl::StrFormat("get_mempolicy(%p)", addr));
+    }
+    MemoryPolicy policy;
+    policy.mode = mode;
+    for (unsigned long n = 0; n < maxnode; ++n) {
+      if (mask[n / (8 * sizeof(unsigned long))] >>
+              (n % (8 * sizeof(unsigned long))) &
+          1) {
+        policy.nodes.push_back(static_cast<int>(n));
+      }
+    }
+    return policy;
+  }
+
+  absl::StatusOr<std::vector<int>> NodesOfPages(
+      const std::vector<const void*>& pages) override {
+    std::vector<int> status(pages.size(), 0);
+    if (pages.empty()) return status;
+    if (move_pages(0, pages.size(), const_cast<void**>(pages.data()), nullptr,
+                   status.data(), 0) != 0) {
+      if (errno == ENOSYS) {
+        return absl::UnimplementedError("this kernel has no NUMA support");
+      }
+      return ErrnoStatus(errno, absl::StrCat("move_pages(", pages.size(),
+                                             " pages, query)"));
+    }
+    return status;
+  }
+
   std::optional<std::string> GetEnv(const std::string& name) override {
     const char* value = std::getenv(name.c_str());
     if (value == nullptr) return std::nullopt;

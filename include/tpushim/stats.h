@@ -74,11 +74,22 @@ struct RegionStats {
   uint64_t frees = 0;
   uint64_t failures = 0;         // RESOURCE_EXHAUSTED answers
   uint64_t live_allocations = 0;
-  std::string page_kind;         // "4k", "thp", "hugetlb"
+  // What backs the region, as the kernel reports it after premapping
+  // (not what was asked for): "4k", "thp" or "hugetlb", the page size,
+  // and the bytes on huge pages (transparent huge pages may cover only
+  // part of it).
+  std::string page_kind;
   uint64_t page_bytes = 0;
-  int numa_node = 0;
+  uint64_t huge_page_bytes = 0;
+  std::string page_kind_asked;   // what TPUSHIM_HUGEPAGES led to ask for
+  // In words, as the start-up log says it: "transparent huge pages",
+  // "4 KiB pages (transparent huge pages advised but not given)", ...
+  std::string page_description;
+  int numa_node = 0;             // where its pages are
+  std::string numa_policy;       // "bind", "default", ... or "unknown"
   int prefault_threads = 0;
-  bool locked = false;           // mlock succeeded
+  uint64_t locked_bytes = 0;     // bytes the kernel holds locked
+  bool locked = false;           // all of the region
   absl::Duration startup_time;
 };
 

@@ -150,9 +150,8 @@ TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
        absl::StrCat("] mlock()-ed 8388608 bytes for premapped region, using ",
                     host.mlock_calls, " syscalls.\n"),
        "] Done premapping memory of size 8388608 in ",
-       absl::StrCat("s (",
-                    PageKindDescription(stats.page_kind, stats.page_bytes),
-                    ", ", stats.prefault_threads, " threads, NUMA node ",
+       absl::StrCat("s (", stats.page_description, ", ",
+                    stats.prefault_threads, " threads, NUMA node ",
                     stats.numa_node, ")\n"),
        "] Done allocating premapped memory of size 8388608\n"});
   // The count is of the calls made: one mlock2(MLOCK_ONFAULT) pins the
