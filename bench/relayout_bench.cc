@@ -1,0 +1,216 @@
+// Relayout kernels against the machine's own memcpy, side by side in one
+// run.
+//
+//   BM_SideBySide/<shape>   R rounds (--rounds, default 15); each round times,
+//                           in a rotated order, on one thread:
+//     memcpy        the device image's bytes, host buffer -> image buffer
+//     pack          RelayoutPlan::Pack of the whole image (host -> device)
+//     unpack        RelayoutPlan::Unpack of the whole image (device -> host)
+//     memcpy_chunk_h2d  the same bytes in 512 KiB pieces into one reused
+//                   512 KiB staging buffer (as the staged transfer path does)
+//     pack_chunk    Pack of each 512 KiB range into that staging buffer
+//     memcpy_chunk_d2h  the staging buffer into each 512 KiB piece of an
+//                   image-sized buffer
+//     unpack_chunk  Unpack of each 512 KiB range from that staging buffer
+//   The ratio memcpy time / relayout time is taken within each round (the
+//   whole-image ones against memcpy, each chunked one against the memcpy
+//   of its direction) and reported as median [min, max] over the rounds.
+//
+// Shapes: f32[N,N]{1,0:T(8,128)} (no padding) and f32[N,N+4]{1,0:T(8,128)}
+// (the minor dimension padded from N+4 to N+128), N = --n (default 4096).
+// Goals: >= 0.8 without padding, >= 0.5 with it.
+//
+// CI runs --n=512 --rounds=2.
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/strip.h"
+#include "benchmark/benchmark.h"
+#include "device/xla_shape.h"
+#include "transfer/relayout.h"
+
+namespace tpushim {
+namespace {
+
+int64_t g_n = 4096;
+int g_rounds = 15;
+constexpr uint64_t kChunk = 512 << 10;
+
+void Die(const absl::Status& s, const char* what) {
+  fprintf(stderr, "relayout_bench: %s: %s\n", what, s.ToString().c_str());
+  exit(2);
+}
+
+struct Ratio {
+  double median = 0, min = 0, max = 0;
+};
+Ratio Summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+struct Row {
+  std::string shape, method;
+  Ratio ratio;
+  double gbps = 0;  // median device-image bytes per second of the method
+};
+std::vector<Row> g_rows;
+
+void BM_SideBySide(benchmark::State& state, const std::string& text) {
+  absl::StatusOr<ArrayShape> shape = ParseArrayShape(text);
+  if (!shape.ok()) Die(shape.status(), "shape");
+  absl::StatusOr<RelayoutPlan> plan = RelayoutPlan::Create(*shape);
+  if (!plan.ok()) Die(plan.status(), "plan");
+  const uint64_t dev_bytes = plan->device_bytes();
+  // Warm (touched) buffers.
+  std::vector<char> host(plan->host_bytes(), 1), host2(plan->host_bytes(), 2);
+  std::vector<char> image(dev_bytes, 3), src(dev_bytes, 4), staging(kChunk, 5);
+  // memcpy's source and destination, image-sized.
+  std::vector<char> host_src(dev_bytes, 6), host_dst(dev_bytes, 7);
+  auto check = [](const absl::Status& s) {
+    if (!s.ok()) Die(s, "relayout");
+  };
+  auto chunks = [&](const std::function<void(uint64_t, uint64_t)>& f) {
+    for (uint64_t off = 0; off < dev_bytes; off += kChunk) {
+      f(off, std::min(kChunk, dev_bytes - off));
+    }
+  };
+  struct Method {
+    const char* name;
+    std::function<void()> run;
+    int reference;  // index of the memcpy it is compared with
+  };
+  std::vector<Method> methods = {
+      {"memcpy", [&] { std::memcpy(image.data(), host_src.data(), dev_bytes); },
+       0},
+      {"pack",
+       [&] { check(plan->Pack(host.data(), 0, dev_bytes, image.data())); }, 0},
+      {"unpack",
+       [&] { check(plan->Unpack(src.data(), 0, dev_bytes, host2.data())); }, 0},
+      {"memcpy_chunk_h2d",
+       [&] {
+         chunks([&](uint64_t off, uint64_t n) {
+           std::memcpy(staging.data(), host_src.data() + off, n);
+           benchmark::ClobberMemory();
+         });
+       },
+       3},
+      {"pack_chunk",
+       [&] {
+         chunks([&](uint64_t off, uint64_t n) {
+           check(plan->Pack(host.data(), off, n, staging.data()));
+           benchmark::ClobberMemory();
+         });
+       },
+       3},
+      {"memcpy_chunk_d2h",
+       [&] {
+         chunks([&](uint64_t off, uint64_t n) {
+           std::memcpy(host_dst.data() + off, staging.data(), n);
+         });
+       },
+       5},
+      {"unpack_chunk",
+       [&] {
+         chunks([&](uint64_t off, uint64_t n) {
+           check(plan->Unpack(staging.data(), off, n, host2.data()));
+         });
+       },
+       5},
+  };
+  std::vector<std::vector<double>> ratios(methods.size()),
+      rates(methods.size());
+  for (auto _ : state) {
+    for (const Method& m : methods) m.run();  // warm-up round
+    for (int round = 0; round < g_rounds; ++round) {
+      std::vector<double> seconds(methods.size());
+      for (size_t k = 0; k < methods.size(); ++k) {
+        const size_t m = (k + size_t(round)) % methods.size();
+        const auto t0 = std::chrono::steady_clock::now();
+        methods[m].run();
+        benchmark::ClobberMemory();
+        seconds[m] =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count();
+      }
+      for (size_t m = 0; m < methods.size(); ++m) {
+        ratios[m].push_back(seconds[methods[m].reference] / seconds[m]);
+        rates[m].push_back(double(dev_bytes) / seconds[m] / 1e9);
+      }
+    }
+  }
+  for (size_t m = 0; m < methods.size(); ++m) {
+    const Ratio r = Summarize(ratios[m]);
+    const double gbps = Summarize(rates[m]).median;
+    state.counters[absl::StrCat(methods[m].name, "_GBps")] = gbps;
+    if (methods[m].reference != int(m)) {
+      state.counters[absl::StrCat(methods[m].name, "_ratio")] = r.median;
+    }
+    g_rows.push_back({ToString(*shape), methods[m].name, r, gbps});
+  }
+}
+
+void PrintSummary() {
+  printf(
+      "\nmemcpy time / relayout time, one thread, %d rounds side by side "
+      "(median [min, max]):\n",
+      g_rounds);
+  printf("  %-30s %-17s %6s %18s %6s %4s\n", "shape", "method", "GB/s",
+         "ratio [min, max]", "goal", "met");
+  for (const Row& r : g_rows) {
+    const bool reference = r.method.rfind("memcpy", 0) == 0;
+    const bool padded =
+        r.shape.find(absl::StrCat(",", g_n, "]")) == std::string::npos;
+    const double goal = padded ? 0.5 : 0.8;
+    printf("  %-30s %-17s %6.2f %18s %6s %4s\n", r.shape.c_str(),
+           r.method.c_str(), r.gbps,
+           reference ? "-"
+                     : absl::StrFormat("%.2f [%.2f, %.2f]", r.ratio.median,
+                                       r.ratio.min, r.ratio.max)
+                           .c_str(),
+           reference ? "" : absl::StrFormat(">=%.1f", goal).c_str(),
+           reference ? "" : (r.ratio.median >= goal ? "yes" : "NO"));
+  }
+}
+
+}  // namespace
+}  // namespace tpushim
+
+int main(int argc, char** argv) {
+  std::vector<char*> rest;
+  for (int i = 0; i < argc; ++i) {
+    absl::string_view arg(argv[i]);
+    if (absl::ConsumePrefix(&arg, "--n=")) {
+      tpushim::g_n = std::max(128, std::atoi(std::string(arg).c_str()));
+    } else if (absl::ConsumePrefix(&arg, "--rounds=")) {
+      tpushim::g_rounds = std::max(1, std::atoi(std::string(arg).c_str()));
+    } else {
+      rest.push_back(argv[i]);
+    }
+  }
+  int rest_argc = static_cast<int>(rest.size());
+  benchmark::Initialize(&rest_argc, rest.data());
+  for (int64_t minor : {tpushim::g_n, tpushim::g_n + 4}) {
+    const std::string text =
+        absl::StrCat("f32[", tpushim::g_n, ",", minor, "]{1,0:T(8,128)}");
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_SideBySide/", text).c_str(),
+        [text](benchmark::State& st) { tpushim::BM_SideBySide(st, text); })
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  tpushim::PrintSummary();
+  benchmark::Shutdown();
+  return 0;
+}
