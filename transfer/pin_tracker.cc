@@ -18,24 +18,24 @@ PinTracker::~PinTracker() {
   pinned_bytes_ = 0;
 }
 
+std::map<uintptr_t, PinTracker::Segment>::iterator
+PinTracker::FirstOverlapLocked(uintptr_t begin) {
+  auto it = segments_.upper_bound(begin);
+  if (it != segments_.begin() && std::prev(it)->second.end > begin) --it;
+  return it;
+}
+
 absl::StatusOr<PinTracker::Lease> PinTracker::Pin(const void* addr,
                                                   uint64_t length) {
   const PageHull hull = PageHull::Of(addr, length, os_->PageSize());
   const uintptr_t begin = hull.begin;
   const uintptr_t end = hull.end;
   MutexLock lock(&mu_);
-  // The first segment that may overlap: the one starting at or before
-  // `begin`, if it reaches past it.
-  auto first_overlap = [&] {
-    auto it = segments_.upper_bound(begin);
-    if (it != segments_.begin() && std::prev(it)->second.end > begin) --it;
-    return it;
-  };
   // Wait until no segment of the range is in transition.
   for (;;) {
     bool busy = false;
-    for (auto it = first_overlap(); it != segments_.end() && it->first < end;
-         ++it) {
+    for (auto it = FirstOverlapLocked(begin);
+         it != segments_.end() && it->first < end; ++it) {
       busy |= it->second.state != State::kPinned;
     }
     if (!busy) break;
@@ -45,7 +45,7 @@ absl::StatusOr<PinTracker::Lease> PinTracker::Pin(const void* addr,
   // pinned segments gain a user.
   Lease lease;
   std::vector<std::pair<uintptr_t, uintptr_t>> gaps;
-  auto it = first_overlap();
+  auto it = FirstOverlapLocked(begin);
   uintptr_t cursor = begin;
   while (cursor < end) {
     const uintptr_t gap_end =

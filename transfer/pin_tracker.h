@@ -70,6 +70,10 @@ class PinTracker {
     uint64_t users = 0;
     State state = State::kPinning;
   };
+  // The first segment that may overlap [begin, ...): the one starting at or
+  // before `begin` if it reaches past it, else the first starting after.
+  std::map<uintptr_t, Segment>::iterator FirstOverlapLocked(uintptr_t begin)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops one user of each segment in `begins`; those left without users
   // are unpinned (the lock is released around the munlock calls).
   void ReleaseLocked(const std::vector<uintptr_t>& begins)
