@@ -1,0 +1,489 @@
+#include "tools/tune_sweep.h"
+
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <optional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "common/subprocess.h"
+#include "env/device_url.h"
+#include "nlohmann/json.hpp"
+#include "tools/text_table.h"
+#include "tools/tune_workload.h"
+
+extern char** environ;
+
+namespace tpushim::tools::tune_internal {
+
+constexpr double kGoodEnough = 0.95;
+
+// ---- The environment of a point
+// ---------------------------------------------------------
+
+std::optional<std::string> GetEnv(const char* name) {
+  const char* v = getenv(name);
+  if (v == nullptr) return std::nullopt;
+  return std::string(v);
+}
+
+// The device URL the children get: TPUSHIM_DEVICE (or sim://) with the
+// workload's devices, link_gbps and latency_us set.
+absl::StatusOr<std::string> PointDeviceUrl(const Workload& w) {
+  std::string url = GetEnv("TPUSHIM_DEVICE").value_or("sim://");
+  if (w.devices)
+    url = WithUrlParameter(url, "devices", absl::StrCat(*w.devices));
+  if (w.link_gbps) {
+    url =
+        WithUrlParameter(url, "link_gbps", absl::StrFormat("%g", *w.link_gbps));
+  }
+  if (w.latency_us) {
+    url = WithUrlParameter(url, "latency_us",
+                           absl::StrFormat("%g", *w.latency_us));
+  }
+  absl::StatusOr<DeviceUrl> parsed = ParseDeviceUrl(url);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the device URL for the sweep, ", url,
+                     ", is invalid: ", parsed.status().message()));
+  }
+  return url;
+}
+
+// LIBTPU_INIT_ARGS outranks the environment (CONTRACTS §1): a flag there
+// would silently pin every point to one setting.
+absl::Status CheckInitArgs() {
+  const std::string args = GetEnv("LIBTPU_INIT_ARGS").value_or("");
+  for (const char* flag : {"--tpu_premapped_buffer_size",
+                           "--tpu_premapped_buffer_transfer_threshold_bytes"}) {
+    if (absl::StrContains(args, flag)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "LIBTPU_INIT_ARGS sets ", flag,
+          ", which outranks the environment variables the sweep sets; "
+          "remove it for the sweep"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+std::vector<std::string> PointEnvironment(uint64_t size,
+                                          std::optional<uint64_t> threshold,
+                                          const std::string& device_url) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e != nullptr; ++e) {
+    const absl::string_view entry(*e);
+    const absl::string_view name = entry.substr(0, entry.find('='));
+    if (name == kSizeVariable || name == kThresholdVariable ||
+        name == "TPUSHIM_DEVICE") {
+      continue;
+    }
+    env.emplace_back(entry);
+  }
+  env.push_back(absl::StrCat(kSizeVariable, "=", size));
+  if (threshold)
+    env.push_back(absl::StrCat(kThresholdVariable, "=", *threshold));
+  env.push_back(absl::StrCat("TPUSHIM_DEVICE=", device_url));
+  return env;
+}
+
+absl::StatusOr<std::string> SelfPath() {
+  char buf[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n < 0) return absl::ErrnoToStatus(errno, "readlink(/proc/self/exe)");
+  return std::string(buf, static_cast<size_t>(n));
+}
+
+// The executable gnuplot on PATH, if any.
+std::optional<std::string> FindGnuplot() {
+  const std::string path = GetEnv("PATH").value_or("/usr/bin:/bin");
+  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
+    std::string candidate = absl::StrCat(dir, "/gnuplot");
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+  }
+  return std::nullopt;
+}
+
+// ---- Points
+// ---------------------------------------------------------------------------
+
+// Points in size order, thresholds ascending then `default`; combinations
+// the runtime would clamp (threshold >= size) fold into `default`.
+std::vector<Point> MakePoints(
+    const std::vector<std::optional<uint64_t>>& sizes,
+    const std::vector<std::optional<uint64_t>>& thresholds, int& dropped) {
+  std::vector<Point> points;
+  dropped = 0;
+  for (const std::optional<uint64_t>& size : sizes) {
+    if (*size == 0) {
+      points.push_back({.size = 0});
+      dropped += static_cast<int>(thresholds.size()) - 1;
+      continue;
+    }
+    bool have_default = false;
+    int kept = 0;
+    for (const std::optional<uint64_t>& t : thresholds) {
+      if (t && *t < *size) {
+        points.push_back({.size = *size, .threshold_set = *t});
+        ++kept;
+      } else if (!have_default) {
+        points.push_back({.size = *size});
+        have_default = true;
+        ++kept;
+      }
+    }
+    dropped += static_cast<int>(thresholds.size()) - kept;
+  }
+  return points;
+}
+
+Json Median(std::vector<double> v) {
+  if (v.empty()) return nullptr;
+  std::sort(v.begin(), v.end());
+  return v.size() % 2 == 1 ? v[v.size() / 2]
+                           : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
+}
+
+const char* SignalName(int sig) {
+  switch (sig) {
+    case SIGKILL:
+      return "SIGKILL";
+    case SIGSEGV:
+      return "SIGSEGV";
+    case SIGABRT:
+      return "SIGABRT";
+    case SIGBUS:
+      return "SIGBUS";
+    case SIGTERM:
+      return "SIGTERM";
+    case SIGINT:
+      return "SIGINT";
+    case SIGXCPU:
+      return "SIGXCPU";
+    default:
+      return "signal";
+  }
+}
+
+// The last `lines` lines of `text`, without its trailing newlines.
+std::string Tail(absl::string_view text, int lines) {
+  while (!text.empty() && text.back() == '\n') text.remove_suffix(1);
+  size_t start = text.size();
+  for (int i = 0; i < lines && start > 0; ++i) {
+    const size_t newline = text.rfind('\n', start - 1);
+    start = newline == absl::string_view::npos ? 0 : newline;
+    if (newline == absl::string_view::npos) break;
+  }
+  if (start < text.size() && text[start] == '\n') ++start;
+  return std::string(text.substr(start));
+}
+
+// One child run of `point`: appends its JSON, or records why it failed.
+void RunOnce(const std::string& self, const Workload& w,
+             const std::string& device_url, absl::Duration timeout,
+             Point& point) {
+  const std::string workload = WorkloadToJson(w).dump();
+  absl::StatusOr<SubprocessResult> r = RunSubprocess(
+      self, {"tune-point", "--workload", workload},
+      PointEnvironment(point.size, point.threshold_set, device_url), timeout);
+  auto fail = [&](absl::string_view status, absl::StatusCode code,
+                  const std::string& message) {
+    if (!point.ok()) return;  // the first failure is the point's
+    point.status = std::string(status);
+    point.error = {{"code", absl::StatusCodeToString(code)},
+                   {"message", message}};
+  };
+  if (!r.ok()) {
+    if (absl::IsDeadlineExceeded(r.status())) {
+      fail("timeout", absl::StatusCode::kDeadlineExceeded,
+           absl::StrCat("the point ran longer than --point-timeout=",
+                        absl::FormatDuration(timeout), " and was killed"));
+    } else {
+      fail("failed", r.status().code(), std::string(r.status().message()));
+    }
+    return;
+  }
+  point.wall_seconds += absl::ToDoubleSeconds(r->wall_time);
+  point.peak_rss_bytes = std::max(point.peak_rss_bytes, r->max_rss_bytes);
+  if (r->term_signal != 0) {
+    std::string message =
+        absl::StrCat("the child was killed by ", SignalName(r->term_signal),
+                     " (", r->term_signal, ")");
+    if (r->term_signal == SIGKILL) {
+      absl::StrAppend(&message,
+                      ", as the kernel's OOM killer or a hard resource limit "
+                      "does");
+    }
+    const std::string tail = Tail(r->err, 3);
+    if (!tail.empty()) absl::StrAppend(&message, "; its stderr ends: ", tail);
+    fail("crashed", absl::StatusCode::kInternal, message);
+    return;
+  }
+  Json result = Json::parse(r->out, nullptr, /*allow_exceptions=*/false);
+  if (result.is_discarded() || !result.is_object() ||
+      !result.contains("status")) {
+    fail("failed", absl::StatusCode::kInternal,
+         absl::StrCat(
+             "the child exited with ", r->exit_code,
+             " and wrote no result; its stderr ends: ", Tail(r->err, 3)));
+    return;
+  }
+  const std::string status = result["status"].get<std::string>();
+  if (status != "ok") {
+    const Json& e = result["error"];
+    if (point.ok()) {
+      point.status = status;
+      point.error = e;
+    }
+    return;
+  }
+  point.runs.push_back(std::move(result));
+}
+
+// Folds a point's runs into its figures: medians of the rates and times,
+// the worst run's failure counts.
+void Aggregate(const Workload& w, bool mlock_off, Point& p) {
+  if (!p.ok() || p.runs.empty()) return;
+  std::vector<double> gbps, startup, init;
+  for (const Json& run : p.runs) {
+    gbps.push_back(run["gbps"].get<double>());
+    startup.push_back(run["startup_seconds"].get<double>());
+    init.push_back(run["init_seconds"].get<double>());
+  }
+  // The run whose throughput is the median supplies the other figures.
+  const double median_gbps = Median(gbps).get<double>();
+  const Json* mid = &p.runs.front();
+  for (const Json& run : p.runs) {
+    if (std::abs(run["gbps"].get<double>() - median_gbps) <
+        std::abs((*mid)["gbps"].get<double>() - median_gbps)) {
+      mid = &run;
+    }
+  }
+  auto worst = [&](const char* key) {
+    uint64_t m = 0;
+    for (const Json& run : p.runs) m = std::max(m, run[key].get<uint64_t>());
+    return m;
+  };
+  const Json& m = *mid;
+  Json first_error = nullptr;
+  for (const Json& run : p.runs) {
+    if (first_error.is_null()) first_error = run["first_error"];
+  }
+  const Json& region = m["region"];
+  const bool locked = region["locked"].get<bool>();
+  const uint64_t region_pinned =
+      locked ? region["capacity_bytes"].get<uint64_t>() : 0;
+  const Json& paths = m["paths"];
+  const double host_transfers = static_cast<double>(
+      paths["zero_copy"].get<uint64_t>() + paths["staged"].get<uint64_t>() +
+      paths["pinned"].get<uint64_t>());
+  auto share = [&](const char* key) -> Json {
+    if (host_transfers == 0) return nullptr;
+    return static_cast<double>(paths[key].get<uint64_t>()) / host_transfers;
+  };
+  Json input_bound = nullptr;
+  Json step_input_ms = nullptr;
+  if (w.step_ms > 0 && median_gbps > 0) {
+    const double ms =
+        static_cast<double>(w.step_bytes) / (median_gbps * 1e9) * 1e3;
+    step_input_ms = ms;
+    input_bound = ms > w.step_ms;
+  }
+  p.figures = {
+      {"startup_seconds", Median(startup)},
+      {"init_seconds", Median(init)},
+      {"pinned_host_bytes", region_pinned + worst("peak_call_pinned_bytes")},
+      {"region_locked",
+       region["enabled"].get<bool>() ? Json(locked) : Json(nullptr)},
+      {"threshold_bytes", region["enabled"].get<bool>()
+                              ? Json(region["threshold_bytes"])
+                              : Json(nullptr)},
+      {"peak_call_pinned_bytes", worst("peak_call_pinned_bytes")},
+      {"gbps", median_gbps},
+      {"gbps_range",
+       Json::array({*std::min_element(gbps.begin(), gbps.end()),
+                    *std::max_element(gbps.begin(), gbps.end())})},
+      {"transfers", m["transfers"]},
+      {"bytes", m["bytes"]},
+      {"path_share",
+       {{"zero_copy", share("zero_copy")},
+        {"staged", share("staged")},
+        {"pinned", share("pinned")}}},
+      {"path_counts", paths},
+      {"staging_waits", m["staging_waits"]},
+      {"staging_wait_seconds", m["staging_wait_seconds"]},
+      {"resource_exhausted", worst("resource_exhausted")},
+      {"pinned_alloc_failures", worst("pinned_alloc_failures")},
+      {"failed_transfers", worst("failed_transfers")},
+      {"fallbacks", worst("fallbacks")},
+      {"over_threshold", m["over_threshold"]},
+      {"input_bound", input_bound},
+      {"step_input_ms", step_input_ms},
+      {"first_error", first_error},
+      // Whether the recommendation may take it (see Recommend).
+      {"unlocked", region["enabled"].get<bool>() && !locked && !mlock_off},
+  };
+}
+
+// ---- Recommendation
+// ------------------------------------------------------------------
+
+std::string ThresholdText(const Point& p) {
+  if (p.size == 0) return "region off";
+  return p.threshold_set
+             ? absl::StrCat("threshold ", SizeName(*p.threshold_set))
+             : "the default threshold";
+}
+
+// Why a point cannot be recommended, or "" when it can (throughput aside).
+std::string Disqualified(const Point& p) {
+  if (!p.ok()) return absl::StrCat(p.status);
+  if (p.Count("resource_exhausted") > 0) {
+    return absl::StrCat(p.Count("resource_exhausted"), " RESOURCE_EXHAUSTED");
+  }
+  if (p.Count("failed_transfers") > 0) {
+    return absl::StrCat(p.Count("failed_transfers"), " failed transfers");
+  }
+  if (p.figures["unlocked"].get<bool>())
+    return "its region could not be locked";
+  return "";
+}
+
+Json Recommend(const std::vector<Point>& points) {
+  // The best throughput of the points that could be recommended: a point
+  // whose application buffers fell back (RESOURCE_EXHAUSTED) may run faster
+  // by doing less, and must not disqualify every correct setting.
+  double best = 0;
+  const Point* best_point = nullptr;
+  for (const Point& p : points) {
+    if (Disqualified(p).empty() && p.gbps() > best) {
+      best = p.gbps();
+      best_point = &p;
+    }
+  }
+  if (best_point == nullptr) {
+    return {{"found", false},
+            {"best_gbps", nullptr},
+            {"reason",
+             "No point ran without RESOURCE_EXHAUSTED or failed transfers "
+             "(and with a locked region); try larger sizes or fewer pinned "
+             "buffers."}};
+  }
+  // Good enough: within 95% of the best, or, with repeats, not
+  // distinguishable from it (its fastest run at least the best point's
+  // slowest): on a noisy machine a median below the bar may be noise.
+  const bool repeated = best_point->runs.size() > 1;
+  auto within_spread = [&](const Point& p) {
+    return repeated && p.gbps_max() >= best_point->gbps_min();
+  };
+  auto good_enough = [&](const Point& p) {
+    return p.gbps() >= kGoodEnough * best || within_spread(p);
+  };
+  const Point* chosen = nullptr;
+  for (const Point& p : points) {
+    if (!Disqualified(p).empty() || !good_enough(p)) continue;
+    if (chosen == nullptr || p.size < chosen->size ||
+        (p.size == chosen->size && p.gbps() > chosen->gbps())) {
+      chosen = &p;
+    }
+  }
+  // Why each smaller size lost: its best qualifying point's shortfall, or,
+  // when none qualified, its first point's disqualification.
+  std::vector<std::string> losers;
+  std::set<uint64_t> seen;
+  for (const Point& p : points) {
+    if (p.size >= chosen->size || !seen.insert(p.size).second) continue;
+    const Point* best_here = nullptr;
+    // Else the least bad point at this size: fewest failures, not crashed.
+    const Point* least_bad = nullptr;
+    int at_size = 0;
+    auto badness = [](const Point& q) {
+      return q.ok()
+                 ? q.Count("resource_exhausted") + q.Count("failed_transfers")
+                 : std::numeric_limits<uint64_t>::max();
+    };
+    for (const Point& q : points) {
+      if (q.size != p.size) continue;
+      ++at_size;
+      if (Disqualified(q).empty()) {
+        if (best_here == nullptr || q.gbps() > best_here->gbps())
+          best_here = &q;
+      } else if (least_bad == nullptr || badness(q) < badness(*least_bad)) {
+        least_bad = &q;
+      }
+    }
+    if (best_here != nullptr) {
+      // Rounded down: a point just under the bar must not read "95%".
+      losers.push_back(absl::StrFormat(
+          "%s reached only %.0f%% of the best throughput%s", SizeName(p.size),
+          std::floor(100 * best_here->gbps() / best),
+          repeated ? absl::StrFormat(" (its fastest run %.2f GB/s)",
+                                     best_here->gbps_max())
+                   : ""));
+    } else {
+      losers.push_back(absl::StrCat(SizeName(p.size), " had ",
+                                    Disqualified(*least_bad),
+                                    at_size > 1 ? " at best" : ""));
+    }
+  }
+  std::string reason = absl::StrCat(
+      SizeName(chosen->size), " with ", ThresholdText(*chosen),
+      " is the smallest size that ran without RESOURCE_EXHAUSTED or failed "
+      "transfers and ");
+  if (chosen == best_point) {
+    absl::StrAppend(
+        &reason,
+        absl::StrFormat("it had the best throughput (%.2f GB/s)", best));
+  } else {
+    absl::StrAppend(
+        &reason, absl::StrFormat(
+                     "reached %.0f%% of the best throughput (%.2f of %.2f "
+                     "GB/s, at %s with %s)",
+                     100 * chosen->gbps() / best, chosen->gbps(), best,
+                     SizeName(best_point->size), ThresholdText(*best_point)));
+    if (chosen->gbps() < kGoodEnough * best) {
+      absl::StrAppend(
+          &reason,
+          absl::StrFormat(", within the run-to-run spread of the best (its "
+                          "runs: %.2f-%.2f GB/s)",
+                          best_point->gbps_min(), best_point->gbps_max()));
+    }
+  }
+  if (!losers.empty()) {
+    absl::StrAppend(&reason, "; ", absl::StrJoin(losers, ", "));
+  }
+  absl::StrAppend(&reason, ".");
+
+  Json env = {{kSizeVariable, absl::StrCat(chosen->size)}};
+  if (chosen->threshold_set) {
+    env[kThresholdVariable] = absl::StrCat(*chosen->threshold_set);
+  }
+  return {{"found", true},
+          {"size_bytes", chosen->size},
+          {"threshold_bytes", chosen->figures["threshold_bytes"]},
+          {"environment", std::move(env)},
+          {"gbps", chosen->gbps()},
+          {"fraction_of_best", chosen->gbps() / best},
+          {"best_gbps", best},
+          {"reason", reason}};
+}
+
+}  // namespace tpushim::tools::tune_internal

@@ -1,0 +1,95 @@
+// The points of a `tpushim tune` sweep (tools/tune.cc): the environment
+// a point's child process runs in, running it (`tpushim tune-point`) and
+// folding its repeats into figures, and the recommendation over the points.
+// Internal to the tool.
+
+#ifndef TPUSHIM_TOOLS_TUNE_SWEEP_H_
+#define TPUSHIM_TOOLS_TUNE_SWEEP_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/time/time.h"
+#include "nlohmann/json.hpp"
+#include "tools/text_table.h"
+#include "tools/tune_workload.h"
+
+namespace tpushim::tools::tune_internal {
+
+using Json = nlohmann::ordered_json;
+
+constexpr char kSizeVariable[] = "TPU_PREMAPPED_BUFFER_SIZE";
+constexpr char kThresholdVariable[] =
+    "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES";
+
+struct Point {
+  uint64_t size = 0;
+  std::optional<uint64_t> threshold_set{};  // nullopt: default
+  std::vector<Json> runs{};  // the children's JSON, one per repeat
+  std::string status = "ok";
+  Json error = nullptr;
+  double wall_seconds = 0;
+  uint64_t peak_rss_bytes = 0;
+  Json figures{};  // the aggregated figures of an "ok" point
+
+  std::string Name() const {
+    return absl::StrCat(SizeName(size), "/",
+                        size == 0       ? "-"
+                        : threshold_set ? SizeName(*threshold_set)
+                                        : "default");
+  }
+  bool ok() const { return status == "ok"; }
+  double gbps() const { return ok() ? figures["gbps"].get<double>() : 0.0; }
+  // The slowest and fastest of its runs.
+  double gbps_min() const {
+    return ok() ? figures["gbps_range"][0].get<double>() : 0.0;
+  }
+  double gbps_max() const {
+    return ok() ? figures["gbps_range"][1].get<double>() : 0.0;
+  }
+  uint64_t Count(const char* key) const {
+    return ok() ? figures[key].get<uint64_t>() : 0;
+  }
+};
+
+// The value of environment variable `name`, if set.
+std::optional<std::string> GetEnv(const char* name);
+// The device URL every point runs on: TPUSHIM_DEVICE (default sim://)
+// with the workload's device count and link model applied.
+absl::StatusOr<std::string> PointDeviceUrl(const Workload& w);
+// INVALID_ARGUMENT when LIBTPU_INIT_ARGS sets either swept variable (it
+// would override the point's environment).
+absl::Status CheckInitArgs();
+// This executable, which runs each point as `tpushim tune-point`.
+absl::StatusOr<std::string> SelfPath();
+// gnuplot's path on PATH, if installed.
+std::optional<std::string> FindGnuplot();
+
+// Points in size order, thresholds ascending then `default`; combinations
+// the runtime would clamp (threshold >= size) fold into `default`, and are
+// counted in `dropped`.
+std::vector<Point> MakePoints(
+    const std::vector<std::optional<uint64_t>>& sizes,
+    const std::vector<std::optional<uint64_t>>& thresholds, int& dropped);
+// One child run of `point`: appends its JSON, or records why it failed.
+void RunOnce(const std::string& self, const Workload& w,
+             const std::string& device_url, absl::Duration timeout,
+             Point& point);
+// Folds a point's runs into its figures: medians of the rates and times,
+// the worst run's failure counts.
+void Aggregate(const Workload& w, bool mlock_off, Point& p);
+// The recommendation over the sweep's points (tools/tune.h says how it is
+// chosen), as the "recommendation" object of --json.
+Json Recommend(const std::vector<Point>& points);
+// The last `lines` lines of `text`, without its trailing newlines.
+std::string Tail(absl::string_view text, int lines);
+
+}  // namespace tpushim::tools::tune_internal
+
+#endif  // TPUSHIM_TOOLS_TUNE_SWEEP_H_
