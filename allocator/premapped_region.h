@@ -21,7 +21,9 @@
 //   5. pre-fault with TPUSHIM_PREFAULT_THREADS threads, each bound to the
 //      node's CPUs, using MADV_POPULATE_WRITE (a page-touch loop on kernels
 //      without it), logging progress about once a second.
-// It logs the start-up lines of CONTRACTS §2 with their exact wording.
+// It logs libtpu's start-up lines, from "TPU premapped buffer enabled." to
+// "Done allocating premapped memory of size <bytes>", with their exact
+// wording (log tools grep for them).
 //
 // Destruction unpins and unmaps everything. REQUIRES: no allocation from
 // the region is used after the region is destroyed.

@@ -12,7 +12,7 @@
 // power-of-two alignment up to 4096. All metadata lives outside the region
 // (device DMA into the region can never corrupt allocator state).
 //
-// Errors (CONTRACTS §3), each RESOURCE_EXHAUSTED:
+// Errors, each RESOURCE_EXHAUSTED:
 //   * size above the threshold:
 //     "Attempting to allocate 8.00M, which is larger than
 //      TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=4194304 (4.00M). ..."

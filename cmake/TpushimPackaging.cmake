@@ -1,4 +1,4 @@
-# libtpushim.so, libtpushim.a and their installation (CONTRACTS §6).
+# libtpushim.so, libtpushim.a and their installation.
 #
 #   tpushim_shared  libtpushim.so.<version>, SONAME libtpushim.so.<major>:
 #                   every internal library linked whole-archive; only

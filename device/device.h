@@ -130,7 +130,7 @@ class Device {
   // returns its device address. RESOURCE_EXHAUSTED when it does not fit:
   //   Error allocating device buffer: Attempting to allocate 8.00M. That was
   //   not possible. There are 6.43M free.; (0x0x<id>_HBM0)
-  // (CONTRACTS §3), also logged at ERROR with the allocator's details.
+  // (XLA's wording), also logged at ERROR with the allocator's details.
   // INVALID_ARGUMENT for size 0.
   virtual absl::StatusOr<uint64_t> AllocateMemory(uint64_t size) = 0;
   // Frees an address AllocateMemory returned. INVALID_ARGUMENT (and no

@@ -144,8 +144,8 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
               << logging::ActiveLogDirectory()
               << "\"); this system's logging settings are not applied";
   }
-  // CONTRACTS §1: every setting's resolved value and where it came from,
-  // once, at INFO (what `tpushim info` shows as a table).
+  // Every setting's resolved value and where it came from, logged once, at
+  // INFO (what `tpushim info` shows as a table).
   std::vector<std::string> settings;
   for (const OptionRow& row : DescribeOptions(options)) {
     settings.push_back(absl::StrCat(row.name, "=", row.value, " (",

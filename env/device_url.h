@@ -1,4 +1,4 @@
-// Device URLs (CONTRACTS §5): which devices a system drives.
+// Device URLs (TPUSHIM_DEVICE): which devices a system drives.
 //
 //   sim://                                   one simulated device, 16G HBM
 //   sim://?devices=4&hbm=8G&link_gbps=25&latency_us=2&dma_engines=2

@@ -1,4 +1,4 @@
-// Fault injection: the `TPUSHIM_FAULTS` spec (CONTRACTS §7), the injector
+// Fault injection: the `TPUSHIM_FAULTS` spec, the injector
 // that decides which call fails, an OS layer that fails those calls exactly
 // as the kernel would and tracks what stays mapped, locked, pinned or open,
 // and the counted-failure helpers (seastar's with_allocation_failures): one

@@ -249,8 +249,8 @@ Setting(absl::string_view, absl::string_view, absl::string_view,
         std::type_identity_t<Parser<T>>, std::type_identity_t<Formatter<T>>)
     -> Setting<T, A>;
 
-// In the order of CONTRACTS §1. The size precedes the threshold, whose
-// parser reads it.
+// In the order of docs/configuration.md's table. The size precedes the
+// threshold, whose parser reads it.
 constexpr std::tuple kSettings{
     Setting{"TPU_PREMAPPED_BUFFER_SIZE", "tpu_premapped_buffer_size",
             "premapped_buffer_size", &Options::premapped_buffer_size,

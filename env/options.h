@@ -1,6 +1,6 @@
 // tpushim's configuration: one options struct, resolved once at system
 // creation from (highest first) API overrides, `LIBTPU_INIT_ARGS` flags,
-// environment variables and defaults (CONTRACTS §1).
+// environment variables and defaults.
 //
 // Every resolved value remembers where it came from and the text it was
 // parsed from, so `tpushim info` and the start-up log can say "4294967296
@@ -65,7 +65,8 @@ struct VmoduleEntry {
 
 // Parses TPU_VMODULE. Well-formed entries come back; each malformed one
 // (no '=', empty glob, level not a non-negative decimal int) is skipped and
-// described in `warnings` — the one §1 exception to INVALID_ARGUMENT.
+// described in `warnings` — the one exception to a malformed setting being
+// INVALID_ARGUMENT.
 // Whitespace around entries, globs and levels is trimmed; empty entries
 // ("", "a=1,", "a=1,,b=2") are no entries and draw no warning. `warnings`
 // may be null.
@@ -170,9 +171,10 @@ absl::Status SetOptionOverride(OptionOverrides& overrides,
                                absl::string_view text);
 
 // One row per setting, for `tpushim info` and the start-up INFO line, in
-// the order of CONTRACTS §1. Values are canonical text: enums as their
-// words, the NUMA node as `auto` or its number, TPU_VMODULE as
-// `glob=N,...`, the device and faults as given, and an empty value as `""`.
+// the order of docs/configuration.md's table. Values are canonical text:
+// enums as their words, the NUMA node as `auto` or its number, TPU_VMODULE
+// as `glob=N,...`, the device and faults as given, and an empty value as
+// `""`.
 struct OptionRow {
   std::string name;   // the environment variable, e.g. "TPU_LOG_DIR"
   std::string value;  // resolved value as text, e.g. "4294967296"

@@ -1,4 +1,4 @@
-// Fuzz target for tpushim's configuration (CONTRACTS §1): ResolveOptions
+// Fuzz target for tpushim's configuration: ResolveOptions
 // over an environment and API options, SetOptionOverride (the C API's
 // name/value options) and the parsers they share: device URLs
 // (ParseDeviceUrl), fault specs (ParseFaultSpec, and the FaultInjector a
@@ -70,7 +70,8 @@
 namespace tpushim {
 namespace {
 
-// The settings in the order of CONTRACTS §1, which DescribeOptions keeps.
+// The settings in the order of docs/configuration.md's table, which
+// DescribeOptions keeps.
 constexpr std::array<absl::string_view, 16> kVariables = {
     "TPU_PREMAPPED_BUFFER_SIZE",
     "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES",
@@ -442,7 +443,9 @@ void CheckRanges(const Options& o) {
   }
 }
 
-// The size and the threshold: CONTRACTS §1's rules, the clamp included.
+// The size and the threshold: the size a multiple of 4096; with it 0 (region
+// off) the threshold 0, else the size by default, and a value given above
+// the size clamped to it with exactly one warning.
 void CheckRegionSettings(const Options& o,
                          const std::map<std::string, std::string>& api) {
   const uint64_t size = o.premapped_buffer_size.value;

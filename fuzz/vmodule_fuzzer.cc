@@ -1,4 +1,4 @@
-// Fuzz target for TPU_VMODULE (CONTRACTS §1; env/options.h ParseVmodule,
+// Fuzz target for TPU_VMODULE (env/options.h ParseVmodule,
 // logging/vmodule.h, logging/log.h VlogIsOn and VLOG_IS_ON): parsing, glob
 // matching against source file names, and the levels logging then answers.
 //

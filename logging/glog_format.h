@@ -1,4 +1,4 @@
-// The absl/glog line format (CONTRACTS §2) and the spdlog formatter that
+// The absl/glog line format, byte for byte, and the spdlog formatter that
 // writes it:
 //
 //   I1121 22:12:46.123456   62136 premapped_region.cc:88] Starting ...

@@ -99,8 +99,8 @@ struct LogConfig {
 };
 
 // Configures process-wide logging, all file and stderr I/O through `os`
-// (which must outlive logging; Os::Default() does). Chooses the directory
-// per §2: the configured one if usable (creating it, mode 0755, when only
+// (which must outlive logging; Os::Default() does). Chooses the directory:
+// the configured one if usable (creating it, mode 0755, when only
 // the leaf is missing), else /tmp/tpu_logs_<user> (created 0700), else
 // stderr only. Usable means: a directory, or a symlink owned by the
 // effective uid or root that leads to one; owned by the effective uid or

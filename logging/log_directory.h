@@ -1,4 +1,4 @@
-// Choosing the log directory (CONTRACTS §2): the configured one if usable,
+// Choosing the log directory: the configured one if usable,
 // else /tmp/tpu_logs_<user>, else none (stderr only), with one sentence
 // saying what happened and why.
 //

@@ -17,8 +17,8 @@
 // off), --thresholds may hold `default` (the variable unset: the threshold
 // equals the size). A threshold above a size would be clamped to the size
 // by the runtime, so that combination is dropped as a duplicate (and
-// counted in the output). Sizes must be multiples of 4096 (the contract's
-// rule), checked before anything runs.
+// counted in the output). Sizes must be multiples of 4096 (the rule for
+// TPU_PREMAPPED_BUFFER_SIZE), checked before anything runs.
 //
 // Per point (run --repeats times, in rounds over the whole sweep, the
 // first in sweep order, the others shuffled; figures are medians, failure

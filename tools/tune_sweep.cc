@@ -69,8 +69,8 @@ absl::StatusOr<std::string> PointDeviceUrl(const Workload& w) {
   return url;
 }
 
-// LIBTPU_INIT_ARGS outranks the environment (CONTRACTS §1): a flag there
-// would silently pin every point to one setting.
+// LIBTPU_INIT_ARGS outranks the environment variables: a flag there would
+// silently pin every point to one setting.
 absl::Status CheckInitArgs() {
   const std::string args = GetEnv("LIBTPU_INIT_ARGS").value_or("");
   for (const char* flag : {"--tpu_premapped_buffer_size",

@@ -1,5 +1,5 @@
 // TransferEngine: moves bytes between host memory and devices, and between
-// devices, through the devices' DMA queues (CONTRACTS §4), with
+// devices, through the devices' DMA queues, with
 // tpu_driver's semantics — every operation returns an Event, may wait for
 // other events, and starts in submission order within its queue.
 //
@@ -19,8 +19,9 @@
 //     in chunks (`Config::chunk_bytes` host→device,
 //     `Config::from_device_chunk_bytes` device→host), at most
 //     `Config::staging_depth` buffers per transfer, so copying chunk k+1
-//     overlaps the DMA of chunk k. Staging bytes in flight are bounded by `Config::max_staging_bytes`
-//     (waiting for room is backpressure, never a failure).
+//     overlaps the DMA of chunk k. Staging bytes in flight are bounded by
+//     `Config::max_staging_bytes` (waiting for room is backpressure, never a
+//     failure).
 //  3. pinned — larger than the threshold, the region is off, or no staging
 //     room freed up within `Config::staging_wait`: the caller's pages are
 //     pinned (Os::PinRange, fault point `pin`, reference-counted across
@@ -152,7 +153,7 @@ class TransferEngine {
   int device_count() const;
 
   // Allocates `size` (>= 1) bytes on `device`. RESOURCE_EXHAUSTED with
-  // XLA's text when it does not fit (CONTRACTS §3).
+  // XLA's text when it does not fit.
   absl::StatusOr<DeviceBuffer> Allocate(int device, uint64_t size);
   // Frees `buffer` after `wait_for` and every operation submitted on it so
   // far. The returned event is ready when the memory is free (with the

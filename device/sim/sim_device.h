@@ -1,4 +1,4 @@
-// Simulated devices (CONTRACTS §5, `sim://`): the Device interface on host
+// Simulated devices (`sim://`): the Device interface on host
 // memory, so that everything above it runs — and is tested — on machines
 // without an accelerator.
 //
@@ -7,7 +7,7 @@
 //    device costs host RAM only for the pages written; freeing a device
 //    buffer of 64 MiB or more gives its whole pages back (MADV_DONTNEED);
 //  * a device-memory allocator (RegionAllocator, kDeviceMemory) whose
-//    failures read as XLA's (CONTRACTS §3);
+//    failures read as XLA's;
 //  * a host-window table (ids carry a generation, so a stale id fails
 //    instead of reaching a newer window);
 //  * per direction, a power-of-two ring of descriptors served in order by

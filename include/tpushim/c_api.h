@@ -1,6 +1,5 @@
 /* tpushim's C ABI: one versioned function table, returned by
- * TpuShim_GetApi(), over the C++ API of tpushim/system.h (CONTRACTS.md
- * section 6).
+ * TpuShim_GetApi(), over the C++ API of tpushim/system.h.
  *
  * Pure C99 (usable from C++), no other tpushim or abseil header needed.
  *
@@ -197,7 +196,7 @@ typedef enum TpuShim_Direction {
 } TpuShim_Direction;
 #define TPUSHIM_HOST_DIRECTION_COUNT 2
 
-/* The path a host<->device transfer took (CONTRACTS.md section 4). */
+/* The path a host<->device transfer took (see docs/transfers.md). */
 typedef enum TpuShim_TransferPath {
   TPUSHIM_PATH_ZERO_COPY = 0, /* the host range is in the premapped region */
   TPUSHIM_PATH_STAGED = 1,    /* through transient premapped buffers */
@@ -207,8 +206,8 @@ typedef enum TpuShim_TransferPath {
 
 /* ---- System */
 
-/* One setting, named by its environment variable (CONTRACTS.md section 1), with
- * its value as text, parsed exactly as the variable would be, e.g.
+/* One setting, named by its environment variable, with its value as text,
+ * parsed exactly as the variable would be, e.g.
  * {"TPU_PREMAPPED_BUFFER_SIZE", "67108864"}, {"TPUSHIM_DEVICE",
  * "sim://?devices=2"}, {"TPU_LOG_DIR", "disabled"}. Array element: its
  * layout is fixed for the whole major version. */
@@ -227,10 +226,9 @@ typedef struct TpuShim_Option {
  *
  * Errors: INVALID_ARGUMENT for an unknown option name (the message names
  * it and lists the known ones), a NULL name or value, or a malformed value
- * (the message names the variable and the value, as CONTRACTS.md section 1
- * says); RESOURCE_EXHAUSTED when the host cannot hold the region; the failing
- * OS call's status otherwise. Nothing is left mapped, pinned, open or running
- * after an error. */
+ * (the message names the variable and the value); RESOURCE_EXHAUSTED when
+ * the host cannot hold the region; the failing OS call's status otherwise.
+ * Nothing is left mapped, pinned, open or running after an error. */
 typedef struct TpuShim_System_Create_Args {
   size_t struct_size;
   const TpuShim_Option* options; /* in: may be NULL when num_options is 0 */
@@ -365,11 +363,11 @@ typedef TpuShim_Error* TpuShim_System_GetStats_Fn(
  * or to this memory take the zero-copy path.
  *
  * Errors: INVALID_ARGUMENT for size 0 or an alignment that is not a power
- * of two <= 4096; RESOURCE_EXHAUSTED with libtpu's text (CONTRACTS.md section
- * 3: "Attempting to allocate 8.00M. That was not possible. There are 6.43M
- * free." ..., or naming TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES when
- * `size` is above the threshold); FAILED_PRECONDITION when the region is
- * off (TPU_PREMAPPED_BUFFER_SIZE=0). */
+ * of two <= 4096; RESOURCE_EXHAUSTED with libtpu's text ("Attempting to
+ * allocate 8.00M. That was not possible. There are 6.43M free." ..., or
+ * naming TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES when `size` is above
+ * the threshold); FAILED_PRECONDITION when the region is off
+ * (TPU_PREMAPPED_BUFFER_SIZE=0). */
 typedef struct TpuShim_HostBuffer_Allocate_Args {
   size_t struct_size;
   TpuShim_System system; /* in */
@@ -437,7 +435,7 @@ typedef struct TpuShim_DeviceBuffer_Deallocate_Args {
 typedef TpuShim_Error* TpuShim_DeviceBuffer_Deallocate_Fn(
     TpuShim_DeviceBuffer_Deallocate_Args* args);
 
-/* ---- Transfers (CONTRACTS.md section 4) */
+/* ---- Transfers */
 /*
  * Every transfer is queued and returns an event. It starts once it is at
  * the head of its queue (per device and direction; operations start in

@@ -1,4 +1,4 @@
-// Settings a program gives tpushim directly (CONTRACTS §1): each one that
+// Settings a program gives tpushim directly: each one that
 // is set wins over LIBTPU_INIT_ARGS flags and environment variables, and is
 // validated by the same rules as its variable (errors name
 // `API option <field>`).

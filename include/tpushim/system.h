@@ -1,5 +1,5 @@
 // tpushim::System — the runtime: one call brings up everything a framework
-// backend needs, in libtpu's order (CONTRACTS §2):
+// backend needs, in libtpu's order:
 //
 //   options (the environment, LIBTPU_INIT_ARGS, then what the caller sets)
 //   → logging → host checks → premapped region → devices → transfer engine
@@ -123,8 +123,8 @@ class TPUSHIM_EXPORT System {
 
   // A buffer of `size` bytes from the premapped region, aligned to
   // `alignment` (a power of two <= 4096; at least 64). RESOURCE_EXHAUSTED
-  // with libtpu's text (CONTRACTS §3) when the region cannot serve it or it
-  // is above the threshold; FAILED_PRECONDITION when the region is off.
+  // with libtpu's text when the region cannot serve it or it is above the
+  // threshold; FAILED_PRECONDITION when the region is off.
   absl::StatusOr<PinnedHostBuffer> AllocatePinnedHost(uint64_t size,
                                                       size_t alignment = 64);
 
@@ -135,7 +135,7 @@ class TPUSHIM_EXPORT System {
   absl::StatusOr<Event> Deallocate(const DeviceBuffer& buffer,
                                    absl::Span<const Event> wait_for = {});
 
-  // Transfers (CONTRACTS §4; see TransferToDevice in docs/transfers.md).
+  // Transfers (see TransferToDevice in docs/transfers.md).
   absl::StatusOr<Event> TransferToDevice(
       const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
       uint64_t size, absl::Span<const Event> wait_for = {},

@@ -1,5 +1,5 @@
 // The vocabulary of transfers: directions, paths, host-buffer semantics,
-// events and device buffers (CONTRACTS §4).
+// events and device buffers (see docs/transfers.md).
 //
 // Thread-safety: the enums and their names are constants; Event and
 // DeviceBuffer are shared handles, safe to copy and use from any thread.

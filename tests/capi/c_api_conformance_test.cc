@@ -10,11 +10,11 @@
 // caller) and a larger one (a newer caller; the unknown tail is neither
 // read nor written); stale, doubly-freed, foreign (another system's, or
 // another kind's) and made-up handles of every kind; error codes equal to
-// abseil's; the RESOURCE_EXHAUSTED texts of CONTRACTS §3; failed
-// dependencies propagating through events; callbacks (inline, on the
-// callback thread, with an error status, calling back in); System_Destroy
-// with live buffers and pending work, and racing other calls; option errors
-// naming the variable.
+// abseil's; the RESOURCE_EXHAUSTED texts (libtpu's for the region, XLA's
+// for device memory, the threshold named); failed dependencies propagating
+// through events; callbacks (inline, on the callback thread, with an error
+// status, calling back in); System_Destroy with live buffers and pending
+// work, and racing other calls; option errors naming the variable.
 
 #include <cstdlib>
 #include <algorithm>
@@ -1701,7 +1701,7 @@ TEST_P(TpushimCApiTest, OptionsWinOverFlagsAndEnvironment) {
   EXPECT_EQ(st.region_capacity_bytes, 6 * kMiB);
 
   // A malformed environment value is an error even when the API overrides
-  // it (CONTRACTS §1: every given value is validated).
+  // it: every value given, from any source, is validated.
   TestOs().Set(
       {{"TPU_PREMAPPED_BUFFER_SIZE", "lots"}, {"TPU_LOG_DIR", "disabled"}});
   const Result r = TryCreate(api, nullptr);

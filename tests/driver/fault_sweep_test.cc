@@ -1,4 +1,4 @@
-// Fault sweeps (CONTRACTS §7, the reliability issue's part 3): every
+// Fault sweeps (the reliability issue's part 3): every
 // injectable call that System start-up, a representative transfer on each
 // path and System teardown make is failed in turn. SweepEveryCall runs each
 // scenario once to count its calls per fault point (mmap, madvise, mlock,
@@ -9,8 +9,8 @@
 // FaultInjectingOs that also tracks what is mapped, locked, pinned and open.
 //
 // Every run must end with a clean status: OK, or exactly the injected
-// failure (its code, its "[injected: ...]" tag); a fault the contract
-// tolerates (mlock on, NUMA binding, huge-page advice, a log file, a
+// failure (its code, its "[injected: ...]" tag); a fault tpushim is meant
+// to tolerate (mlock on, NUMA binding, huge-page advice, a log file, a
 // staging buffer) must not fail anything, and the ones start-up and
 // teardown tolerate are reported. Afterwards nothing is mapped, locked,
 // pinned or open, every log file is whole (header, then only whole glog
@@ -274,9 +274,9 @@ TEST_F(FaultSweepTest, EveryStartupCallFailsCleanly) {
           if (!system.ok()) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
-            // Only mapping and pre-faulting may fail it: the contract
-            // tolerates mlock (TPUSHIM_MLOCK=on), NUMA binding (auto),
-            // huge-page advice (auto) and log files.
+            // Only mapping and pre-faulting may fail it: start-up
+            // tolerates failures of mlock (TPUSHIM_MLOCK=on), NUMA binding
+            // (auto), huge-page advice (auto) and log files.
             EXPECT_THAT(*run.point(),
                         AnyOf(FaultPoint::kMmap, FaultPoint::kMadvise))
                 << system.status();
@@ -447,9 +447,8 @@ TEST_P(TransferFaultSweepTest, EveryCallOfTheTransferFailsCleanly) {
         ASSERT_TRUE(run.point().has_value())
             << "failed with nothing injected: " << status;
         // A DMA descriptor or a pin may fail the transfer, and the
-        // allocation may fail a pinned host buffer (§3) — but a
-        // transfer never fails because the region is busy (§4), nor
-        // for a log file.
+        // allocation may fail a pinned host buffer — but a transfer
+        // never fails because the region is busy, nor for a log file.
         if (submitted) {
           EXPECT_THAT(*run.point(), AnyOf(FaultPoint::kDma, FaultPoint::kPin))
               << status;

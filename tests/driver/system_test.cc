@@ -86,7 +86,7 @@ TEST(SystemTest, LogsEverySettingWithItsSourceOnceBeforeTheStartupLines) {
   auto system = SystemFactory::Create(Small(), &os);
   ASSERT_TRUE(system.ok()) << system.status();
   const std::string info = logs.File("INFO");
-  // CONTRACTS §1: the resolved value of every setting and its source.
+  // The resolved value of every setting and its source, logged once.
   ExpectInOrder(info, {"] tpushim configuration: "
                        "TPU_PREMAPPED_BUFFER_SIZE=8388608 (api), ",
                        "TPUSHIM_LOG_KEEP=7 (env), ",

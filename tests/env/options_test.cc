@@ -849,7 +849,7 @@ std::vector<std::string> Column(const std::vector<OptionRow>& rows,
   return column;
 }
 
-TEST(DescribeOptionsTest, OneRowPerSettingInContractOrderWithDefaults) {
+TEST(DescribeOptionsTest, OneRowPerSettingInDocumentedOrderWithDefaults) {
   const std::vector<OptionRow> rows = DescribeOptions(MustResolve({}));
   EXPECT_THAT(
       Column(rows, &OptionRow::name),

@@ -1,8 +1,8 @@
 // Hostile environments (the reliability issue's part 5): the real
 // `tpushim demo` (small: 2 steps of 256 KiB on two simulated devices, a
-// 16 MiB region) runs where things are against it, and must end with the
-// named error or fallback of CONTRACTS — never a crash, a hang or an OOM
-// kill:
+// 16 MiB region) runs where things are against it, and must end with an
+// error that names the cause, or the documented fallback — never a crash, a
+// hang or an OOM kill:
 //  * a 64 KiB RLIMIT_MEMLOCK as nobody, without CAP_IPC_LOCK: the region
 //    stays unpinned with a WARNING (TPUSHIM_MLOCK=on), start-up fails by
 //    name under TPUSHIM_MLOCK=required, pinned transfers fail by name;
@@ -256,8 +256,9 @@ TEST_F(HostileEnvironmentTest,
                   EndsWith("); logging to /tmp/tpu_logs_nobody instead"))));
   EXPECT_THAT(List(Tmp("tpu_logs")), IsEmpty());
 
-  // The region unpinned, with the WARNING of CONTRACTS §1 saying why and
-  // what to do, and no "mlock()-ed" line.
+  // The region unpinned (a failed mlock is only a WARNING under
+  // TPUSHIM_MLOCK=on), that WARNING saying why and what to do, and no
+  // "mlock()-ed" line.
   const std::string logs = Tmp("tpu_logs_nobody");
   EXPECT_EQ(LogDirectoryProblems(logs), "");
   const std::string info = ReadFileOrEmpty(logs + "/tpu_driver.INFO");
@@ -382,7 +383,7 @@ struct PlantedCase {
   const char* name;
   // Plants into the tool's /tmp (given as this process sees it).
   void (*plant)(const TempDir& tmp);
-  // The WARNING's text after "] " (CONTRACTS §2).
+  // The WARNING's text after "] ".
   const char* warning;
   // Where the log files go: "/tmp/tpu_logs_root", or "" (stderr only).
   const char* directory;
@@ -494,8 +495,8 @@ TEST_F(HostileEnvironmentTest,
        FullLogDiskDropsWholeLinesWithWarningsAndTheRunCompletes) {
   ASSERT_EQ(mkdir(Tmp("full").c_str(), 0755), 0);
   // The runtime logs little by itself (one VLOG site in the tree), so the
-  // volume comes from malformed TPU_VMODULE entries: one WARNING each
-  // (CONTRACTS §1), ~150 bytes in the INFO and the WARNING file, 200 of
+  // volume comes from malformed TPU_VMODULE entries: one WARNING each (the
+  // entry ignored), ~150 bytes in the INFO and the WARNING file, 200 of
   // them more than a 16 KiB tmpfs holds.
   std::vector<std::string> entries;
   for (int i = 0; i < 200; ++i) entries.push_back(absl::StrCat("module", i));

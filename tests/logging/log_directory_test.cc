@@ -1,4 +1,4 @@
-// Choice of the log directory (CONTRACTS §2): every way the configured
+// Choice of the log directory: every way the configured
 // directory can be unusable, the fallback to /tmp/tpu_logs_<user> and to
 // stderr only, each with exactly one WARNING on stderr.
 

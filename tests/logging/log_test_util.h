@@ -31,7 +31,7 @@
 
 namespace tpushim::logging::log_test {
 
-// The glog prefix as the contract pins it,
+// The glog prefix, byte for byte as libtpu writes it,
 //   ^[IWEF]\d{4} \d{2}:\d{2}:\d{2}\.\d{6} [ \d]{7} [^ :]+:\d+\]
 // written as a POSIX extended regular expression (\d is [0-9]).
 inline constexpr char kPrefixPattern[] =

@@ -75,8 +75,8 @@ std::vector<std::string> WithJson(std::vector<std::string> args) {
   return args;
 }
 
-// The start-up lines of CONTRACTS §2 that a 2-device system with a region
-// logs, in order.
+// The start-up lines, in libtpu's wording, that a 2-device system with a
+// region logs, in order.
 const std::vector<std::string> kStartupLines = {
     "TPU premapped buffer enabled. Size: 16777216 Threshold: 16777216",
     "Starting premapped memory manager initialization...",

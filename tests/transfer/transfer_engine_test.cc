@@ -1,4 +1,4 @@
-// TransferEngine behaviour (transfer/transfer_engine.h, CONTRACTS §3–§5, §7):
+// TransferEngine behaviour (transfer/transfer_engine.h, docs/transfers.md):
 // data integrity on every path, ordering and dependencies, failure
 // propagation, callbacks, timeouts, device memory, fault injection at every
 // DMA descriptor and pin, staging backpressure and fallback, host buffer

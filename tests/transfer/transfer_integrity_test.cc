@@ -293,7 +293,7 @@ TEST_F(TransferIntegrityTest, DmaToAnUnmappedIovaFailsThatTransferOnly) {
   EXPECT_TRUE(results[2].ok()) << results[2];
 }
 
-TEST_F(TransferIntegrityTest, StartupLogsTheContractLinesInOrder) {
+TEST_F(TransferIntegrityTest, StartupLogsLibtpusLinesInOrder) {
   ASSERT_NO_FATAL_FAILURE(Start());
   ASSERT_TRUE(logging::FlushLogs());
   // The last start-up in the file is this test's.

@@ -13,9 +13,9 @@
 #                        slow-link tests stay on sim://)
 #   stress               a short `tpushim stress` with injected DMA faults:
 #                        every byte hash-checked, every failure clean
-#   startup_lines        a start-up on the device (a one-cell bench) logs the
-#                        CONTRACTS §2 lines, the IOMMU mapping inside
-#                        premapping
+#   startup_lines        a start-up on the device (a one-cell bench) logs
+#                        libtpu's start-up lines in order, the IOMMU mapping
+#                        inside premapping
 #   bench, demo, tune    a short `tpushim bench`, `demo` (every byte
 #                        checked) and a two-point `tune` sweep, unchanged
 #                        on the device (TCG-bound figures)
@@ -54,8 +54,8 @@ startup() {
   tpushim bench --sizes 4K --directions h2d --paths staged --seconds 0.01
 }
 
-# startup_lines: the §2 lines in order, the region's DMA registration
-# (its IOMMU mapping) between the premapping lines.
+# startup_lines: libtpu's start-up lines in order, the region's DMA
+# registration (its IOMMU mapping) between the premapping lines.
 startup_lines() {
   rm -rf "$TPU_LOG_DIR"/*
   startup >/dev/null || return 1
