@@ -140,6 +140,8 @@ bool NvmeDevice::IssueOne(Queue& q, uint32_t slot) {
             "complete",
             info_.name, DmaDirectionName(d.direction), d.user_data, d.length));
       });
+      // Logged as the controller's own DMA errors are.
+      if (!valid.ok()) LOG(ERROR) << valid;
     }
     if (!valid.ok()) Fail(p, std::move(valid));
   }

@@ -212,11 +212,11 @@ absl::Status SimDevice::FreeMemory(uint64_t device_address) {
     // allocation can be handed these pages meanwhile.
     const uintptr_t begin =
         (reinterpret_cast<uintptr_t>(p) + 4095) & ~uintptr_t{4095};
-    const uintptr_t end = (reinterpret_cast<uintptr_t>(p) + size) &
-                          ~uintptr_t{4095};
+    const uintptr_t end =
+        (reinterpret_cast<uintptr_t>(p) + size) & ~uintptr_t{4095};
     if (end > begin) {
-      absl::Status s = os_->Madvise(reinterpret_cast<void*>(begin),
-                                    end - begin, MADV_DONTNEED);
+      absl::Status s = os_->Madvise(reinterpret_cast<void*>(begin), end - begin,
+                                    MADV_DONTNEED);
       if (!s.ok()) {
         VLOG(1) << "Releasing freed device memory of " << info_.name
                 << " failed: " << s;
@@ -261,27 +261,30 @@ absl::Status SimDevice::Execute(const DmaDescriptor& d) {
         absl::StrCat("DMA descriptor on ", info_.name, " has length 0"));
   }
   if (faults_ != nullptr) {
-    TPUSHIM_RETURN_IF_ERROR(faults_->Check(FaultPoint::kDma, [&] {
+    absl::Status injected = faults_->Check(FaultPoint::kDma, [&] {
       return absl::InternalError(absl::StrFormat(
           "DMA error on %s (%s): descriptor 0x%x of %d bytes did not "
           "complete",
           info_.name, DmaDirectionName(d.direction), d.user_data, d.length));
-    }));
+    });
+    if (!injected.ok()) {
+      // Logged as a device's DMA error would be.
+      LOG(ERROR) << injected;
+      return injected;
+    }
   }
   switch (d.direction) {
     case DmaDirection::kHostToDevice: {
-      TPUSHIM_ASSIGN_OR_RETURN(char* host,
-                               HostAddress(d.host_window, d.host_offset,
-                                           d.length));
+      TPUSHIM_ASSIGN_OR_RETURN(
+          char* host, HostAddress(d.host_window, d.host_offset, d.length));
       TPUSHIM_RETURN_IF_ERROR(
           CheckDeviceRange(d.device_address, d.length, hbm_, "destination"));
       CopyInBursts(hbm_.base + d.device_address, host, d.length);
       return absl::OkStatus();
     }
     case DmaDirection::kDeviceToHost: {
-      TPUSHIM_ASSIGN_OR_RETURN(char* host,
-                               HostAddress(d.host_window, d.host_offset,
-                                           d.length));
+      TPUSHIM_ASSIGN_OR_RETURN(
+          char* host, HostAddress(d.host_window, d.host_offset, d.length));
       TPUSHIM_RETURN_IF_ERROR(
           CheckDeviceRange(d.device_address, d.length, hbm_, "source"));
       CopyInBursts(host, hbm_.base + d.device_address, d.length);
@@ -350,9 +353,8 @@ void SimDevice::Deliver(Queue& q, absl::Span<const DmaCompletion> done) {
 
 void SimDevice::EngineLoop(Queue& q, int engine) {
   {
-    const std::string name =
-        absl::StrFormat("dma%d-%s%d", info_.id, DmaDirectionName(q.direction),
-                        engine);
+    const std::string name = absl::StrFormat(
+        "dma%d-%s%d", info_.id, DmaDirectionName(q.direction), engine);
     pthread_setname_np(pthread_self(), name.substr(0, 15).c_str());
   }
   // Executed descriptors waiting for their modelled end time, in order.
@@ -440,8 +442,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
         work = true;
         break;
       }
-      if (!delayed.empty() &&
-          delayed.front().end_ns <= os_->MonotonicNanos()) {
+      if (!delayed.empty() && delayed.front().end_ns <= os_->MonotonicNanos()) {
         work = true;
         break;
       }
@@ -491,9 +492,9 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
   }
   if (options.ring_entries == 0 || options.ring_entries > 65536 ||
       (options.ring_entries & (options.ring_entries - 1)) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "simulated device ring of ", options.ring_entries,
-        " entries: must be a power of two in [1, 65536]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("simulated device ring of ", options.ring_entries,
+                     " entries: must be a power of two in [1, 65536]"));
   }
   std::vector<SimCluster::Hbm> hbm;
   auto unmap_all = [&] {
@@ -508,8 +509,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
       return absl::Status(
           p.status().code(),
           absl::StrCat("Reserving ", HumanReadableBytes(url.hbm_bytes),
-                       " of address space for the HBM of simulated device ",
-                       i, " (", url.text, ") failed: ", p.status().message()));
+                       " of address space for the HBM of simulated device ", i,
+                       " (", url.text, ") failed: ", p.status().message()));
     }
     hbm.push_back({static_cast<char*>(*p), url.hbm_bytes});
   }
@@ -527,9 +528,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
     info.numa_node = node;
     info.link_gbps = url.link_gbps;
     info.latency_us = url.latency_us;
-    devices.push_back(
-        std::make_unique<SimDevice>(std::move(info), cluster, os, faults,
-                                    options));
+    devices.push_back(std::make_unique<SimDevice>(std::move(info), cluster, os,
+                                                  faults, options));
   }
   return devices;
 }

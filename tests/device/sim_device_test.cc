@@ -5,6 +5,8 @@
 // Timing checks are lower bounds only (the model must not deliver early);
 // nothing asserts that the machine is fast.
 
+#include "device/sim/sim_device.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -27,12 +29,12 @@
 #include "absl/types/span.h"
 #include "device/device.h"
 #include "device/devices.h"
-#include "device/sim/sim_device.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
 namespace {
@@ -261,7 +263,8 @@ TEST(SimDeviceTest, LargeHbmCostsOnlyTheBytesWritten) {
   CollectingSink sink;
   const uint64_t rss_before = ResidentBytes();
   {
-    absl::StatusOr<Devices> devices = Create("sim://?hbm=16G", {}, nullptr, &os);
+    absl::StatusOr<Devices> devices =
+        Create("sim://?hbm=16G", {}, nullptr, &os);
     ASSERT_TRUE(devices.ok()) << devices.status();
     Device& dev = *(*devices)[0];
     EXPECT_EQ(dev.info().hbm_bytes, uint64_t{16} << 30);
@@ -420,8 +423,7 @@ TEST(SimDeviceTest, FreeSucceedsWhenReleasingPagesFails) {
   ASSERT_TRUE(spec.ok()) << spec.status();
   FaultInjector faults(*spec);
   FaultInjectingOs os(Os::Default(), &faults);
-  absl::StatusOr<Devices> devices =
-      Create("sim://?hbm=128M", {}, nullptr, &os);
+  absl::StatusOr<Devices> devices = Create("sim://?hbm=128M", {}, nullptr, &os);
   ASSERT_TRUE(devices.ok()) << devices.status();
   Device& dev = *(*devices)[0];
   absl::StatusOr<uint64_t> addr = dev.AllocateMemory(64 * kMiB);
@@ -546,15 +548,15 @@ TEST(SimDeviceTest, HostToDeviceAndBackCopiesBytesAndEchoesUserData) {
   std::vector<DmaDescriptor> up;
   const uint64_t cuts[] = {0, 1, 64, 4095, 100'000, 500'001, 999'999, n};
   for (size_t i = 0; i + 1 < std::size(cuts); ++i) {
-    up.push_back(H2D(1000 + i, *ws, cuts[i], *addr + cuts[i],
-                     cuts[i + 1] - cuts[i]));
+    up.push_back(
+        H2D(1000 + i, *ws, cuts[i], *addr + cuts[i], cuts[i + 1] - cuts[i]));
   }
   const int64_t t0 = NowNs();
   ASSERT_EQ(dev.Submit(DmaDirection::kHostToDevice, up), up.size());
   ASSERT_TRUE(sink.WaitFor(up.size()));
   // Download in one descriptor.
-  DmaCompletion down = RunOne(dev, sink, D2H(0xfeedfacecafebeefull, *wd, 0,
-                                             *addr, n));
+  DmaCompletion down =
+      RunOne(dev, sink, D2H(0xfeedfacecafebeefull, *wd, 0, *addr, n));
   EXPECT_TRUE(down.status.ok()) << down.status;
   EXPECT_EQ(down.user_data, 0xfeedfacecafebeefull);
   EXPECT_TRUE(dst == src);
@@ -632,9 +634,9 @@ TEST(SimDeviceTest, OverlappingDeviceToDeviceWithinDeviceActsAsMemmove) {
     uint64_t src, dst, len;
   };
   // Forward and backward overlaps, small and large shifts.
-  for (const Move& m : {Move{0, 100, 100'000}, Move{5000, 4999, 150'000},
-                        Move{1, 0, 200'000}, Move{64, 65, 3},
-                        Move{10'000, 10'000, 777}}) {
+  for (const Move& m :
+       {Move{0, 100, 100'000}, Move{5000, 4999, 150'000}, Move{1, 0, 200'000},
+        Move{64, 65, 3}, Move{10'000, 10'000, 777}}) {
     DmaCompletion c =
         RunOne(dev, sink, D2D(m.src, *addr + m.src, 1, *addr + m.dst, m.len));
     EXPECT_TRUE(c.status.ok()) << c.status;
@@ -938,6 +940,7 @@ TEST(SimDeviceTest, LatencyDelaysEachCompletion) {
 // ---- Injected faults ------------------------------------------------------
 
 TEST(SimDeviceTest, InjectedDmaFaultFailsThatDescriptorOnly) {
+  testutil::ScopedTestLogging logs;
   absl::StatusOr<FaultSpec> spec = ParseFaultSpec("dma:nth=2");
   ASSERT_TRUE(spec.ok()) << spec.status();
   FaultInjector faults(*spec);
@@ -964,6 +967,10 @@ TEST(SimDeviceTest, InjectedDmaFaultFailsThatDescriptorOnly) {
               HasSubstr("[injected: dma:nth=2]"));
   EXPECT_TRUE(r[2].completion.status.ok()) << r[2].completion.status;
   EXPECT_EQ(faults.injected(FaultPoint::kDma), 1u);
+  // Logged as a device's DMA error is, once.
+  const std::string errors = logs.File("ERROR");
+  EXPECT_THAT(errors, HasSubstr("DMA error on "));
+  EXPECT_THAT(errors, HasSubstr("[injected: dma:nth=2]"));
 
   std::vector<char> expect = host;
   std::fill(expect.begin() + 4096, expect.begin() + 8192, 0);
@@ -1000,9 +1007,9 @@ TEST(SimDeviceTest, ShutdownCompletesEveryAcceptedDescriptor) {
   FaultInjectingOs os(Os::Default(), nullptr);
   CollectingSink sink0, sink1;
   {
-    absl::StatusOr<Devices> devices = Create(
-        "sim://?devices=2&hbm=1M&link_gbps=0.01&dma_engines=2", {}, nullptr,
-        &os);
+    absl::StatusOr<Devices> devices =
+        Create("sim://?devices=2&hbm=1M&link_gbps=0.01&dma_engines=2", {},
+               nullptr, &os);
     ASSERT_TRUE(devices.ok()) << devices.status();
     EXPECT_EQ(os.mapped_bytes(), 2 * kMiB);
     Device& dev = *(*devices)[0];
