@@ -280,6 +280,7 @@ class Engine {
   // Starts `op`. With `may_block` false, returns false (having done
   // nothing) when starting would have to wait for staging room.
   bool StartOp(const std::shared_ptr<Op>& op, bool may_block);
+  std::string PathReason(const Op& op) const;
   bool InlineStartable(const Op& op) const;
   void StartDescriptors(Op& op, HostWindowId window, uint64_t host_base);
   // The first staging buffer of a staged transfer, waiting up to

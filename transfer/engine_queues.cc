@@ -1,10 +1,12 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
+#include "logging/log.h"
 #include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
@@ -221,6 +223,23 @@ bool Engine::InlineStartable(const Op& op) const {
 
 // ---- Starting --------------------------------------------------------------
 
+// Why PathFor chose `op`'s path, for the VLOG(1) line of each transfer.
+std::string Engine::PathReason(const Op& op) const {
+  switch (op.path) {
+    case TransferPath::kZeroCopy:
+      return "the host buffer is in the premapped region";
+    case TransferPath::kStaged:
+      return absl::StrCat("caller memory of at most the threshold, ",
+                          threshold_, " bytes");
+    case TransferPath::kPinned:
+      return op.pin_reason == 1
+                 ? std::string("the premapped region is off")
+                 : absl::StrCat("caller memory above the threshold, ",
+                                threshold_, " bytes");
+  }
+  return "";
+}
+
 bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
   Op& o = *op;
   absl::Status dep_error = o.Error();
@@ -235,6 +254,12 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
   QueueOf(o.device, o.direction)
       .in_flight.fetch_add(1, std::memory_order_relaxed);
   o.start_ns = os_->MonotonicNanos();
+  if (o.kind != OpKind::kDeviceToDevice) {
+    VLOG(1) << "Transfer " << o.id << ": " << DmaDirectionName(o.direction)
+            << " of " << o.size << " bytes on device " << o.device
+            << " takes the " << TransferPathName(o.path) << " path ("
+            << PathReason(o) << ")";
+  }
 
   if (o.kind == OpKind::kDeviceToDevice || o.path != TransferPath::kStaged) {
     o.self = op;

@@ -90,7 +90,14 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
                       absl::ToInt64Nanoseconds(config_.staging_wait)
                 : 0;
   bool waited = false;
+  const int64_t asked_ns = may_block ? os_->MonotonicNanos() : 0;
   *first = AcquireStaging(op.staging_chunk, deadline, &waited);
+  if (waited) {
+    VLOG(1) << "Transfer " << op.id << " waited "
+            << (os_->MonotonicNanos() - asked_ns) / 1000
+            << " us for staging memory"
+            << (*first == nullptr ? " and takes the pinned path instead" : "");
+  }
   if (*first != nullptr) return FirstStaging::kAcquired;
   if (!may_block) return FirstStaging::kWouldBlock;
   if (closing_.load(std::memory_order_acquire)) {

@@ -12,6 +12,8 @@
 #define TPUSHIM_TESTS_TESTING_SCOPED_TEST_LOGGING_H_
 
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
@@ -23,9 +25,11 @@ namespace tpushim::testutil {
 
 class ScopedTestLogging {
  public:
-  ScopedTestLogging() {
+  // `vmodule` turns VLOG on, e.g. {{"engine_queues", 1}}.
+  explicit ScopedTestLogging(std::vector<VmoduleEntry> vmodule = {}) {
     logging::LogConfig config;
     config.log_dir = dir_.path();
+    config.vmodule = std::move(vmodule);
     config.stderr_level = logging::Severity::kFatal;
     EXPECT_TRUE(logging::InitLogging(config).ok());
   }

@@ -423,6 +423,39 @@ TEST(TransferEngineTest, PinnedRoundTripsWithRegionOffPreserveData) {
   EXPECT_EQ(rig->TearDownAndReport(), "");
 }
 
+// TPU_VMODULE=engine_queues=1 names each transfer's path and why, the
+// decision users tune with the two premapped-buffer variables.
+TEST(TransferEngineTest, VlogOneNamesEachTransfersPathAndWhy) {
+  testutil::ScopedTestLogging logs({{"engine_queues", 1}});
+  auto rig = MakeRig({.region_bytes = 4 * MiB, .threshold = 1 * MiB});
+  ASSERT_NE(rig, nullptr);
+  TransferEngine& engine = rig->engine();
+  absl::StatusOr<DeviceBuffer> buffer = engine.Allocate(0, 2 * MiB);
+  ASSERT_TRUE(buffer.ok()) << buffer.status();
+  std::vector<char> host(2 * MiB, 1);
+  absl::StatusOr<void*> pinned = rig->region()->allocator().Allocate(4096);
+  ASSERT_TRUE(pinned.ok()) << pinned.status();
+  for (auto [p, n] : {std::pair<const void*, uint64_t>{host.data(), 4096},
+                      {host.data(), 2 * MiB},
+                      {*pinned, 4096}}) {
+    absl::StatusOr<Event> e = engine.TransferToDevice(p, *buffer, 0, n);
+    ASSERT_TRUE(e.ok() && e->Await().ok());
+  }
+  const std::string info = logs.File("INFO");
+  EXPECT_THAT(info, HasSubstr("h2d of 4096 bytes on device 0 takes the staged "
+                              "path (caller memory of at most the "
+                              "threshold, 1048576 bytes)"));
+  EXPECT_THAT(info, HasSubstr("h2d of 2097152 bytes on device 0 takes the "
+                              "pinned path (caller memory above the "
+                              "threshold, 1048576 bytes)"));
+  EXPECT_THAT(info, HasSubstr("h2d of 4096 bytes on device 0 takes the "
+                              "zero_copy path (the host buffer is in the "
+                              "premapped region)"));
+  ASSERT_TRUE(rig->region()->allocator().Free(*pinned).ok());
+  ASSERT_TRUE(engine.Deallocate(*buffer).ok());
+  EXPECT_EQ(rig->TearDownAndReport(), "");
+}
+
 TEST(TransferEngineTest, RingOverflowKeepsDescriptorOrderAndData) {
   // 1 KiB descriptors and a 20 ms modelled latency: a 2 MiB zero-copy
   // transfer is 2048 descriptors, twice a device ring, so half of them wait
