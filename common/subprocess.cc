@@ -108,11 +108,13 @@ absl::Status WaitForChild(pid_t pid, int* wait_status, rusage* usage) {
   return absl::OkStatus();
 }
 
-// Reads both pipes until the child closes them or `deadline` passes.
-// Returns false on timeout.
-absl::StatusOr<bool> DrainUntil(int out_fd, int err_fd,
-                                std::chrono::steady_clock::time_point deadline,
-                                SubprocessResult& result) {
+enum class Drained { kEnd, kTimeout, kCancelled };
+
+// Reads both pipes until the child closes them, `deadline` passes or
+// `cancel_fd` (when >= 0) becomes readable.
+absl::StatusOr<Drained> DrainUntil(
+    int out_fd, int err_fd, int cancel_fd,
+    std::chrono::steady_clock::time_point deadline, SubprocessResult& result) {
   struct Stream {
     int fd;
     std::string* sink;
@@ -123,9 +125,10 @@ absl::StatusOr<bool> DrainUntil(int out_fd, int err_fd,
   while (!open_streams.empty()) {
     const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         deadline - std::chrono::steady_clock::now());
-    if (left.count() <= 0) return false;
+    if (left.count() <= 0) return Drained::kTimeout;
     std::vector<pollfd> fds;
     for (const Stream& s : open_streams) fds.push_back({s.fd, POLLIN, 0});
+    if (cancel_fd >= 0) fds.push_back({cancel_fd, POLLIN, 0});
     const int ready = poll(fds.data(), fds.size(),
                            static_cast<int>(std::min<int64_t>(
                                left.count(), int64_t{60} * 60 * 1000)));
@@ -133,7 +136,8 @@ absl::StatusOr<bool> DrainUntil(int out_fd, int err_fd,
       if (errno == EINTR) continue;
       return absl::ErrnoToStatus(errno, "poll");
     }
-    for (size_t i = fds.size(); i-- > 0;) {
+    if (cancel_fd >= 0 && fds.back().revents != 0) return Drained::kCancelled;
+    for (size_t i = open_streams.size(); i-- > 0;) {
       if (fds[i].revents == 0) continue;
       const ssize_t n = read(fds[i].fd, buffer, sizeof(buffer));
       if (n < 0 && (errno == EINTR || errno == EAGAIN)) continue;
@@ -145,14 +149,28 @@ absl::StatusOr<bool> DrainUntil(int out_fd, int err_fd,
       open_streams[i].sink->append(buffer, static_cast<size_t>(n));
     }
   }
-  return true;
+  return Drained::kEnd;
 }
+
+// posix_spawnattr_t with its destroy.
+class SpawnAttributes {
+ public:
+  SpawnAttributes() { posix_spawnattr_init(&attr_); }
+  SpawnAttributes(const SpawnAttributes&) = delete;
+  SpawnAttributes& operator=(const SpawnAttributes&) = delete;
+  ~SpawnAttributes() { posix_spawnattr_destroy(&attr_); }
+  posix_spawnattr_t* get() { return &attr_; }
+
+ private:
+  posix_spawnattr_t attr_;
+};
 
 }  // namespace
 
 absl::StatusOr<SubprocessResult> RunSubprocess(
     const std::string& path, const std::vector<std::string>& args,
-    const std::vector<std::string>& env, absl::Duration timeout) {
+    const std::vector<std::string>& env, absl::Duration timeout,
+    int cancel_fd) {
   const absl::Time start = absl::Now();
   const auto deadline =
       std::chrono::steady_clock::now() + absl::ToChronoNanoseconds(timeout);
@@ -177,10 +195,28 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
   std::vector<std::string> env_strings = WithSanitizerOptions(env);
   std::vector<char*> envp = CStringArray(env_strings);
 
+  // The child leads a process group of its own, so that killing the group
+  // ends whatever it started too; it starts with no signal blocked and
+  // SIGINT and SIGTERM at their defaults, whatever the caller does with them
+  // (a tool that waits for them with sigwait blocks them in every thread).
+  SpawnAttributes attributes;
+  sigset_t none;
+  sigemptyset(&none);
+  sigset_t defaults;
+  sigemptyset(&defaults);
+  sigaddset(&defaults, SIGINT);
+  sigaddset(&defaults, SIGTERM);
+  posix_spawnattr_setpgroup(attributes.get(), 0);
+  posix_spawnattr_setsigmask(attributes.get(), &none);
+  posix_spawnattr_setsigdefault(attributes.get(), &defaults);
+  posix_spawnattr_setflags(attributes.get(), POSIX_SPAWN_SETPGROUP |
+                                                 POSIX_SPAWN_SETSIGMASK |
+                                                 POSIX_SPAWN_SETSIGDEF);
+
   pid_t pid = 0;
   const int spawn_error =
-      posix_spawn(&pid, path.c_str(), actions.get(),
-                  /*attrp=*/nullptr, argv.data(), envp.data());
+      posix_spawn(&pid, path.c_str(), actions.get(), attributes.get(),
+                  argv.data(), envp.data());
   if (spawn_error != 0) {
     return absl::ErrnoToStatus(spawn_error,
                                absl::StrCat("posix_spawn(", path, ")"));
@@ -190,9 +226,17 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
   err_pipe.CloseWrite();
 
   SubprocessResult result;
-  absl::StatusOr<bool> finished =
-      DrainUntil(out_pipe.read_fd(), err_pipe.read_fd(), deadline, result);
-  if (!finished.ok() || !*finished) kill(pid, SIGKILL);
+  absl::StatusOr<Drained> finished = DrainUntil(
+      out_pipe.read_fd(), err_pipe.read_fd(), cancel_fd, deadline, result);
+  if (!finished.ok() || *finished != Drained::kEnd) kill(-pid, SIGKILL);
+  // Once the child has ended, and before it is reaped (its pid, the
+  // group's id, cannot be reused until then), whatever else is left in
+  // its group goes too.
+  siginfo_t ended{};
+  while (waitid(P_PID, static_cast<id_t>(pid), &ended, WEXITED | WNOWAIT) < 0 &&
+         errno == EINTR) {
+  }
+  kill(-pid, SIGKILL);
   int wait_status = 0;
   rusage usage{};
   if (absl::Status s = WaitForChild(pid, &wait_status, &usage); !s.ok()) {
@@ -201,7 +245,11 @@ absl::StatusOr<SubprocessResult> RunSubprocess(
   result.wall_time = absl::Now() - start;
   result.max_rss_bytes = static_cast<uint64_t>(usage.ru_maxrss) * 1024;
   if (!finished.ok()) return finished.status();
-  if (!*finished) {
+  if (*finished == Drained::kCancelled) {
+    return absl::CancelledError(absl::StrCat(
+        "`", absl::StrJoin(argv_strings, " "), "` was cancelled and killed"));
+  }
+  if (*finished == Drained::kTimeout) {
     return absl::DeadlineExceededError(absl::StrCat(
         "`", absl::StrJoin(argv_strings, " "), "` ran longer than ",
         absl::FormatDuration(timeout), "; killed. stdout so far:\n", result.out,

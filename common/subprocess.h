@@ -50,12 +50,15 @@ struct SubprocessResult {
 // Returns the result whatever the child's exit status. Errors: the status
 // of a failed pipe/posix_spawn/poll/waitpid (e.g. NOT_FOUND for a missing
 // program); DEADLINE_EXCEEDED, naming the command and what it had written,
-// when the child runs longer than `timeout` — it is then killed with
-// SIGKILL and reaped, so no child outlives the call.
+// when the child runs longer than `timeout`; CANCELLED when `cancel_fd`
+// (if >= 0) becomes readable first. The child leads a process group of its
+// own and starts with no signal blocked; when it ends, times out or is
+// cancelled, the whole group is killed with SIGKILL and the child reaped,
+// so nothing it started outlives the call.
 absl::StatusOr<SubprocessResult> RunSubprocess(
     const std::string& path, const std::vector<std::string>& args,
     const std::vector<std::string>& env,
-    absl::Duration timeout = absl::Seconds(120));
+    absl::Duration timeout = absl::Seconds(120), int cancel_fd = -1);
 
 }  // namespace tpushim
 

@@ -2,10 +2,15 @@
 
 #include "tests/testing/subprocess.h"
 
+#include <pthread.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <unistd.h>
 
+#include <fstream>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/match.h"
@@ -88,6 +93,75 @@ TEST(RunSubprocessTest, KillsAChildThatOutlivesTheTimeout) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
   EXPECT_THAT(std::string(r.status().message()), HasSubstr("started"));
+}
+
+// True while a process with that pid exists (a zombie counts as gone).
+bool Alive(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return false;
+  const size_t paren = line.rfind(')');
+  return paren != std::string::npos && paren + 2 < line.size() &&
+         line[paren + 2] != 'Z';
+}
+
+// The child leads its own process group, and what it starts in that group
+// dies with it: a grandchild left sleeping in the background is killed
+// once the child exits.
+TEST(RunSubprocessTest, ChildLeadsAGroupThatIsKilledWhenItEnds) {
+  absl::StatusOr<SubprocessResult> r =
+      RunSubprocess(kShell,
+                    {"-c",
+                     "read -r _ _ _ _ pgid _ < /proc/$$/stat; echo $$ $pgid; "
+                     "sleep 30 >/dev/null 2>&1 & echo $!"},
+                    {"PATH=/usr/bin:/bin"}, absl::Seconds(10));
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->exit_code, 0) << r->err;
+  std::vector<std::string> words =
+      absl::StrSplit(r->out, absl::ByAnyChar(" \n"), absl::SkipEmpty());
+  ASSERT_EQ(words.size(), 3u) << r->out;
+  EXPECT_EQ(words[0], words[1]) << "the child is not its group's leader";
+  const pid_t grandchild = std::stoi(words[2]);
+  for (int i = 0; i < 100 && Alive(grandchild); ++i)
+    absl::SleepFor(absl::Milliseconds(10));
+  EXPECT_FALSE(Alive(grandchild)) << "the background sleep outlived the call";
+}
+
+// A readable cancel fd ends the wait at once: the child and its group are
+// killed and the call is CANCELLED.
+TEST(RunSubprocessTest, CancelFdKillsTheChildAndItsGroup) {
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  std::thread canceller([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    ASSERT_EQ(write(fds[1], "x", 1), 1);
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<SubprocessResult> r =
+      RunSubprocess(kShell, {"-c", "sleep 30 & echo $!; wait"},
+                    {"PATH=/usr/bin:/bin"}, absl::Seconds(20), fds[0]);
+  canceller.join();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kCancelled) << r.status();
+  close(fds[0]);
+  close(fds[1]);
+}
+
+// A caller that blocks SIGINT and SIGTERM (as the tool does, to wait for
+// them on one thread) does not pass that on: the child can be interrupted.
+TEST(RunSubprocessTest, ChildStartsWithNoSignalBlocked) {
+  sigset_t block, old;
+  sigemptyset(&block);
+  sigaddset(&block, SIGINT);
+  sigaddset(&block, SIGTERM);
+  ASSERT_EQ(pthread_sigmask(SIG_BLOCK, &block, &old), 0);
+  absl::StatusOr<SubprocessResult> r =
+      RunSubprocess(kShell, {"-c", "grep SigBlk /proc/self/status"},
+                    {"PATH=/usr/bin:/bin"}, absl::Seconds(10));
+  ASSERT_EQ(pthread_sigmask(SIG_SETMASK, &old, nullptr), 0);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->out, HasSubstr("SigBlk:\t0000000000000000"));
 }
 
 TEST(RunSubprocessTest, PassesOnTheCallersSanitizerOptionsOnly) {
