@@ -23,6 +23,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "common/human_bytes.h"
@@ -31,6 +32,8 @@
 #include "env/options.h"
 #include "logging/log.h"
 #include "nlohmann/json.hpp"
+#include "tools/flags.h"
+#include "tools/interrupt.h"
 #include "tools/progress.h"
 #include "tools/text_table.h"
 #include "tpushim/system.h"
@@ -71,8 +74,13 @@ memcpy_gbps.
                    "path": "zero_copy"|"staged"|"pinned", null for d2d,
                    "bytes", "gbps", "p50_us", "p99_us", "vs_memcpy",
                    "iterations"}],
-         "skipped": [{"direction", "path", "bytes", "reason"}]}
---csv: direction,path,bytes,gbps,vs_memcpy,p50_us,p99_us,iterations
+         "skipped": [{"direction", "path", "bytes", "reason"}],
+         "partial": false, "interrupted_by": null}
+--csv: direction,path,bytes,gbps,vs_memcpy,p50_us,p99_us,iterations,
+       skipped_reason (a skipped cell has its reason there and no figures)
+SIGINT or SIGTERM stops at the cell being measured: the cells measured so
+far are printed, the others skipped with the reason "interrupted" (JSON
+"partial": true, "interrupted_by"), and the exit status is 130 or 143.
 A progress bar goes to stderr only when it is a terminal.
 
 Exit status: 0 when every cell was measured or skipped; 1 when a transfer
@@ -98,14 +106,14 @@ constexpr int kMinIterations = 3;
 constexpr size_t kMaxIterations = size_t{4} << 20;
 constexpr size_t kPinnedAlignment = 4096;
 constexpr char kCsvHeader[] =
-    "direction,path,bytes,gbps,vs_memcpy,p50_us,p99_us,iterations";
+    "direction,path,bytes,gbps,vs_memcpy,p50_us,p99_us,iterations,"
+    "skipped_reason";
 
 constexpr DmaDirection kDirections[] = {DmaDirection::kHostToDevice,
                                         DmaDirection::kDeviceToHost,
                                         DmaDirection::kDeviceToDevice};
-constexpr TransferPath kPaths[] = {TransferPath::kZeroCopy,
-                                   TransferPath::kStaged,
-                                   TransferPath::kPinned};
+constexpr TransferPath kPaths[] = {
+    TransferPath::kZeroCopy, TransferPath::kStaged, TransferPath::kPinned};
 
 using Clock = std::chrono::steady_clock;
 
@@ -113,7 +121,8 @@ double SecondsSince(Clock::time_point t0) {
   return std::chrono::duration<double>(Clock::now() - t0).count();
 }
 
-// ---- Flags -------------------------------------------------------------------
+// ---- Flags
+// -------------------------------------------------------------------
 
 struct BenchFlags {
   std::string sizes = kDefaultSizes;
@@ -181,7 +190,8 @@ absl::StatusOr<std::vector<TransferPath>> ParsePaths(absl::string_view text) {
   return ParseNames(text, "--paths", kPaths, &TransferPathName);
 }
 
-// ---- Results -----------------------------------------------------------------
+// ---- Results
+// -----------------------------------------------------------------
 
 struct Cell {
   DmaDirection direction = DmaDirection::kHostToDevice;
@@ -226,6 +236,7 @@ struct Results {
   double seconds = 0;
   std::vector<Row> rows;
   std::vector<Skip> skipped;
+  int interrupted_by = 0;  // SIGINT or SIGTERM stopped the run, else 0
 
   double VsMemcpy(const Row& row) const {
     return memcpy_gbps > 0 ? row.gbps / memcpy_gbps : 0.0;
@@ -234,12 +245,13 @@ struct Results {
 
 // Nearest-rank percentile of sorted `v` (not empty).
 double Percentile(const std::vector<double>& sorted, double p) {
-  const size_t rank = static_cast<size_t>(
-      std::ceil(p * static_cast<double>(sorted.size())));
+  const size_t rank =
+      static_cast<size_t>(std::ceil(p * static_cast<double>(sorted.size())));
   return sorted[std::clamp<size_t>(rank, 1, sorted.size()) - 1];
 }
 
-// ---- Measuring -----------------------------------------------------------------
+// ---- Measuring
+// -----------------------------------------------------------------
 
 // Host memory that is not from the region, with every page touched.
 struct HeapBuffer {
@@ -283,8 +295,9 @@ absl::StatusOr<std::vector<double>> MemcpySamples(uint64_t n, double seconds) {
 }
 
 // Times `submit` + Await repeatedly (one untimed first).
-absl::StatusOr<Row> Measure(const Cell& cell, double seconds,
-                            const std::function<absl::StatusOr<Event>()>& submit) {
+absl::StatusOr<Row> Measure(
+    const Cell& cell, double seconds,
+    const std::function<absl::StatusOr<Event>()>& submit) {
   auto once = [&submit]() -> absl::Status {
     absl::StatusOr<Event> event = submit();
     if (!event.ok()) return event.status();
@@ -296,6 +309,7 @@ absl::StatusOr<Row> Measure(const Cell& cell, double seconds,
   while ((static_cast<int>(us.size()) < kMinIterations ||
           SecondsSince(start) < seconds) &&
          us.size() < kMaxIterations) {
+    if (InterruptSignal() != 0) return absl::CancelledError("interrupted");
     const Clock::time_point t0 = Clock::now();
     if (absl::Status s = once(); !s.ok()) return s;
     us.push_back(SecondsSince(t0) * 1e6);
@@ -316,8 +330,8 @@ absl::StatusOr<Row> Measure(const Cell& cell, double seconds,
 // configuration, or nullopt when it can.
 std::optional<std::string> WhyNot(TransferPath path, uint64_t n,
                                   uint64_t region, uint64_t threshold) {
-  const std::string t = absl::StrCat("the transfer threshold (",
-                                     SizeName(threshold), ")");
+  const std::string t =
+      absl::StrCat("the transfer threshold (", SizeName(threshold), ")");
   switch (path) {
     case TransferPath::kZeroCopy:
       if (region == 0) {
@@ -404,10 +418,14 @@ class Bench {
   absl::Status Record(const Cell& cell,
                       const std::function<absl::StatusOr<Event>()>& submit) {
     absl::StatusOr<Row> row = Measure(cell, seconds_, submit);
+    if (absl::IsCancelled(row.status()) && InterruptSignal() != 0) {
+      SkipCell(cell, "interrupted");
+      return absl::OkStatus();
+    }
     if (!row.ok()) {
-      return absl::Status(row.status().code(),
-                          absl::StrCat(cell.Name(), ": ",
-                                       row.status().message()));
+      return absl::Status(
+          row.status().code(),
+          absl::StrCat(cell.Name(), ": ", row.status().message()));
     }
     results_.rows.push_back(*row);
     Done(cell);
@@ -439,6 +457,10 @@ class Bench {
   absl::Status RunSize(uint64_t n) {
     const std::vector<Cell> cells = CellsOf(n);
     if (cells.empty()) return absl::OkStatus();
+    if (InterruptSignal() != 0) {
+      for (const Cell& c : cells) SkipCell(c, "interrupted");
+      return absl::OkStatus();
+    }
     const uint64_t region = system_.premapped_bytes();
     const uint64_t threshold = system_.transfer_threshold_bytes();
 
@@ -473,6 +495,10 @@ class Bench {
     std::string pinned_error;  // why there is no pinned host buffer
     bool pinned_tried = false;
     for (const Cell& cell : cells) {
+      if (InterruptSignal() != 0) {
+        SkipCell(cell, "interrupted");
+        continue;
+      }
       if (!cell.path.has_value()) {
         TPUSHIM_RETURN_IF_ERROR(RunDeviceToDevice(cell, n, heap, dev));
         continue;
@@ -511,13 +537,11 @@ class Bench {
         continue;
       }
       if (cell.direction == DmaDirection::kHostToDevice) {
-        TPUSHIM_RETURN_IF_ERROR(Record(cell, [&] {
-          return system_.TransferToDevice(host, dev, 0, n);
-        }));
+        TPUSHIM_RETURN_IF_ERROR(Record(
+            cell, [&] { return system_.TransferToDevice(host, dev, 0, n); }));
       } else {
-        TPUSHIM_RETURN_IF_ERROR(Record(cell, [&] {
-          return system_.TransferFromDevice(dev, 0, host, n);
-        }));
+        TPUSHIM_RETURN_IF_ERROR(Record(
+            cell, [&] { return system_.TransferFromDevice(dev, 0, host, n); }));
       }
     }
     return absl::OkStatus();
@@ -552,7 +576,8 @@ class Bench {
   int done_ = 0;
 };
 
-// ---- Output ----------------------------------------------------------------------
+// ---- Output
+// ----------------------------------------------------------------------
 
 Json PathJson(const Cell& cell) {
   return cell.path.has_value() ? Json(TransferPathName(*cell.path))
@@ -590,18 +615,37 @@ Json ResultsJson(const Results& r) {
         {"seconds_per_cell", r.seconds}}},
       {"rows", std::move(rows)},
       {"skipped", std::move(skipped)},
+      {"partial", r.interrupted_by != 0},
+      {"interrupted_by", r.interrupted_by != 0
+                             ? Json(InterruptSignalName(r.interrupted_by))
+                             : Json(nullptr)},
   };
+}
+
+// `text` as one CSV field: quoted (with quotes doubled) when it holds a
+// comma, a quote or a line break.
+std::string CsvField(absl::string_view text) {
+  if (text.find_first_of(",\"\n\r") == absl::string_view::npos) {
+    return std::string(text);
+  }
+  return absl::StrCat("\"", absl::StrReplaceAll(text, {{"\"", "\"\""}}), "\"");
 }
 
 void PrintCsv(const Results& r, std::ostream& out) {
   out << kCsvHeader << "\n";
   for (const Row& row : r.rows) {
     out << absl::StrFormat(
-        "%s,%s,%d,%.4f,%.4f,%.2f,%.2f,%d\n",
+        "%s,%s,%d,%.4f,%.4f,%.2f,%.2f,%d,\n",
         DmaDirectionName(row.cell.direction),
         row.cell.path.has_value() ? TransferPathName(*row.cell.path) : "-",
         row.cell.bytes, row.gbps, r.VsMemcpy(row), row.p50_us, row.p99_us,
         row.iterations);
+  }
+  for (const Skip& skip : r.skipped) {
+    out << absl::StrFormat(
+        "%s,%s,%d,,,,,,%s\n", DmaDirectionName(skip.cell.direction),
+        skip.cell.path.has_value() ? TransferPathName(*skip.cell.path) : "-",
+        skip.cell.bytes, CsvField(skip.reason));
   }
 }
 
@@ -621,26 +665,23 @@ void PrintTable(const Results& r, std::ostream& out) {
     out << "premapped region: off (TPU_PREMAPPED_BUFFER_SIZE=0)";
   } else {
     out << "premapped region: " << BytesWithHumanReadable(r.premapped_bytes)
-        << ", transfer threshold "
-        << BytesWithHumanReadable(r.threshold_bytes);
+        << ", transfer threshold " << BytesWithHumanReadable(r.threshold_bytes);
   }
   out << "; " << absl::StrFormat("%g", r.seconds)
       << " s per cell, one transfer at a time\n";
-  out << absl::StrFormat(
-      "memcpy (one thread, %s, warm buffers): %.2f GB/s\n\n",
-      SizeName(r.memcpy_bytes), r.memcpy_gbps);
+  out << absl::StrFormat("memcpy (one thread, %s, warm buffers): %.2f GB/s\n\n",
+                         SizeName(r.memcpy_bytes), r.memcpy_gbps);
 
   TextTable table(
       {"DIRECTION", "PATH", "SIZE", "GB/s", "vs-memcpy", "p50", "p99"});
   for (const Row& row : r.rows) {
-    table.AddRow(
-        {std::string(DmaDirectionName(row.cell.direction)),
-         row.cell.path.has_value()
-             ? std::string(TransferPathName(*row.cell.path))
-             : "-",
-         SizeName(row.cell.bytes), absl::StrFormat("%.2f", row.gbps),
-         absl::StrFormat("%.2f", r.VsMemcpy(row)), Latency(row.p50_us),
-         Latency(row.p99_us)});
+    table.AddRow({std::string(DmaDirectionName(row.cell.direction)),
+                  row.cell.path.has_value()
+                      ? std::string(TransferPathName(*row.cell.path))
+                      : "-",
+                  SizeName(row.cell.bytes), absl::StrFormat("%.2f", row.gbps),
+                  absl::StrFormat("%.2f", r.VsMemcpy(row)), Latency(row.p50_us),
+                  Latency(row.p99_us)});
   }
   if (r.rows.empty()) {
     out << "  (no cell could be measured)\n";
@@ -671,11 +712,17 @@ void PrintTable(const Results& r, std::ostream& out) {
           << ": " << key.substr(tab + 1) << "\n";
     }
   }
+  if (r.interrupted_by != 0) {
+    out << "\nInterrupted by " << InterruptSignalName(r.interrupted_by)
+        << ": the cells above are the ones measured before it; the rest are "
+           "skipped.\n";
+  }
   out << "\nGB/s = bytes / median submit-to-ready time (1 GB = 1e9 bytes); "
          "vs-memcpy = GB/s / memcpy GB/s.\n";
 }
 
-// ---- The command -------------------------------------------------------------------
+// ---- The command
+// -------------------------------------------------------------------
 
 void RunBench(const BenchFlags& flags, CommandContext& context) {
   // Validated by the options' checks.
@@ -692,8 +739,8 @@ void RunBench(const BenchFlags& flags, CommandContext& context) {
   }
   if (flags.device >= options->device.value.devices) {
     ReportError(absl::InvalidArgumentError(absl::StrCat(
-                    "--device=", flags.device, " but TPUSHIM_DEVICE=",
-                    options->device.value.text, " has ",
+                    "--device=", flags.device,
+                    " but TPUSHIM_DEVICE=", options->device.value.text, " has ",
                     options->device.value.devices, " device(s)")),
                 "invalid command line", flags.json, kExitUsage, context);
     return;
@@ -725,9 +772,9 @@ void RunBench(const BenchFlags& flags, CommandContext& context) {
             << flags.directions << ", paths " << flags.paths << ", "
             << flags.seconds << " s per cell on device " << flags.device;
 
-  const int total = Bench::CellsPerSize(directions, paths) *
-                        static_cast<int>(sizes.size()) +
-                    2;  // the two memcpy phases
+  const int total =
+      Bench::CellsPerSize(directions, paths) * static_cast<int>(sizes.size()) +
+      2;  // the two memcpy phases
   ProgressBar progress(*context.err, "bench", total);
   auto fail = [&](const absl::Status& status, absl::string_view what) {
     progress.Clear();
@@ -743,17 +790,20 @@ void RunBench(const BenchFlags& flags, CommandContext& context) {
   if (!before.ok()) return fail(before.status(), "memcpy reference");
   memcpy_gbps = *before;
 
-  Bench bench(s, flags.device, flags.seconds, sizes, directions, paths,
-              results, progress);
+  Bench bench(s, flags.device, flags.seconds, sizes, directions, paths, results,
+              progress);
   if (absl::Status status = bench.Run(); !status.ok()) {
     return fail(status, "transfer failed");
   }
 
-  progress.Show(total - 1, "memcpy");
-  absl::StatusOr<std::vector<double>> after =
-      MemcpySamples(results.memcpy_bytes, flags.seconds / 2);
-  if (!after.ok()) return fail(after.status(), "memcpy reference");
-  memcpy_gbps.insert(memcpy_gbps.end(), after->begin(), after->end());
+  results.interrupted_by = InterruptSignal();
+  if (results.interrupted_by == 0) {
+    progress.Show(total - 1, "memcpy");
+    absl::StatusOr<std::vector<double>> after =
+        MemcpySamples(results.memcpy_bytes, flags.seconds / 2);
+    if (!after.ok()) return fail(after.status(), "memcpy reference");
+    memcpy_gbps.insert(memcpy_gbps.end(), after->begin(), after->end());
+  }
   std::sort(memcpy_gbps.begin(), memcpy_gbps.end());
   results.memcpy_gbps = Percentile(memcpy_gbps, 0.5);
   progress.Clear();
@@ -784,31 +834,32 @@ void RegisterBenchCommand(CLI::App& app, CommandContext& context) {
   CLI::App* bench = app.add_subcommand("bench", kBenchDescription);
   bench->footer(kBenchFooter);
   auto flags = std::make_shared<BenchFlags>();
-  bench->add_option("--sizes", flags->sizes,
-                    "Transfer sizes, comma-separated, K/M/G suffixes "
-                    "(each in [1, 4G])")
+  bench
+      ->add_option("--sizes", flags->sizes,
+                   "Transfer sizes, comma-separated, K/M/G suffixes "
+                   "(each in [1, 4G])")
       ->default_val(kDefaultSizes)
       ->check(ParsingValidator(&ParseSizes, "SIZES"));
-  bench->add_option("--directions", flags->directions,
-                    "Directions to measure: h2d, d2h, d2d, comma-separated")
+  bench
+      ->add_option("--directions", flags->directions,
+                   "Directions to measure: h2d, d2h, d2d, comma-separated")
       ->default_val(kDefaultDirections)
       ->check(ParsingValidator(&ParseDirections, "DIRECTIONS"));
-  bench->add_option("--paths", flags->paths,
-                    "Host paths to measure: zero_copy, staged, pinned, "
-                    "comma-separated (d2d has none)")
+  bench
+      ->add_option("--paths", flags->paths,
+                   "Host paths to measure: zero_copy, staged, pinned, "
+                   "comma-separated (d2d has none)")
       ->default_val(kDefaultPaths)
       ->check(ParsingValidator(&ParsePaths, "PATHS"));
-  bench->add_option("--seconds", flags->seconds,
-                    "Measuring time per cell (at least 3 transfers each)")
-      ->default_val(kDefaultSeconds)
-      ->check(CLI::Range(0.0, 600.0));
-  bench->add_option("--device", flags->device, "The device to measure")
-      ->default_val(0)
-      ->check(CLI::Range(0, 1023));
+  AddDecimalFlag(bench, "--seconds", &flags->seconds,
+                 {.unit = "seconds", .min = 0, .max = 600},
+                 "Measuring time per cell (at least 3 transfers each)");
+  AddWholeFlag(bench, "--device", &flags->device,
+               {.unit = "", .min = 0, .max = 1023}, "The device to measure");
   CLI::Option* json = bench->add_flag(
       "--json", flags->json, "Print one JSON object instead of tables");
-  CLI::Option* csv = bench->add_flag(
-      "--csv", flags->csv, "Print CSV (a header, one line per row)");
+  CLI::Option* csv = bench->add_flag("--csv", flags->csv,
+                                     "Print CSV (a header, one line per row)");
   json->excludes(csv);
   bench->callback([flags, &context] { RunBench(*flags, context); });
 }

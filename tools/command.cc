@@ -20,7 +20,8 @@ void ReportError(const absl::Status& status, absl::string_view what, bool json,
                  {"message", std::string(status.message())}}}},
               *context.out);
   } else {
-    *context.err << "tpushim: " << what << ": " << status.message() << "\n";
+    // As the status prints itself (CODE: message): scripts grep the code.
+    *context.err << "tpushim: " << what << ": " << status.ToString() << "\n";
   }
   context.exit_code = exit_code;
 }

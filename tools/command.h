@@ -52,7 +52,7 @@ struct CommandContext {
 void WriteJson(const nlohmann::ordered_json& value, std::ostream& out);
 
 // Reports a failed `status` and sets `context.exit_code` to `exit_code`.
-// Human form, on `err`:  tpushim: <what>: <status message>
+// Human form, on `err`:  tpushim: <what>: <ABSL_CODE>: <status message>
 // JSON form, on `out`:   {"error": {"code": "<ABSL_CODE>",
 //                                   "message": "<status message>"}}
 // e.g. what = "invalid configuration", code "INVALID_ARGUMENT".

@@ -26,6 +26,7 @@
 #include "nlohmann/json.hpp"
 #include "tools/demo_pipeline.h"
 #include "tools/demo_summary.h"
+#include "tools/flags.h"
 #include "tools/pseudo_random.h"
 #include "tpushim/stats.h"
 #include "tpushim/system.h"
@@ -70,7 +71,9 @@ parameters are kept); --steps 0 only brings the system up and down.
 Exit status: 0 when every byte verified and nothing failed; 1 when a
 transfer, an allocation or a hash check failed (the summary is still
 printed) or the runtime cannot start; 2 for an invalid configuration or
-command line.
+command line; 130 (SIGINT) or 143 (SIGTERM) when a signal stopped the loop:
+the steps issued finish and are verified, and the summary of the steps that
+ran is printed marked partial ("partial": true, "interrupted_by").
 
 Examples:
   tpushim demo
@@ -170,6 +173,9 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
     Pipeline pipeline(**system, config);
     pipeline.Run();
     summary.run = pipeline.counters();
+    // Interrupted: the figures are those of the steps that ran.
+    summary.steps_requested = config.steps;
+    summary.config.steps = summary.run.steps_run;
   }
   const SystemStats stats = (*system)->GetStats();
   summary.region = stats.region;
@@ -193,39 +199,24 @@ void RegisterDemoCommand(CLI::App& app, CommandContext& context) {
   demo->footer(kDemoFooter);
   // Owned by the callback, which CLI11 keeps as long as `app`.
   auto flags = std::make_shared<DemoFlags>();
-  demo->add_option("--steps", flags->steps,
-                   "Steps to run; 0 only brings the system up and down")
-      ->default_val(kDefaultSteps)
-      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40));
-  demo->add_option("--batch-bytes", flags->batch_bytes,
-                   "Bytes per batch, split evenly across the devices "
-                   "(K/M/G suffixes, at most 1G)")
-      ->default_val(kDefaultBatchBytes)
-      ->check(CLI::Validator(
-          [](const std::string& text) -> std::string {
-            absl::StatusOr<uint64_t> bytes =
-                ParseByteSize(text, "--batch-bytes");
-            if (!bytes.ok()) return std::string(bytes.status().message());
-            if (*bytes == 0 || *bytes > kMaxBatchBytes) {
-              return absl::StrCat("--batch-bytes=\"", text,
-                                  "\" is out of range [1, 1G]");
-            }
-            return "";
-          },
-          "BYTES", "byte size"));
-  CLI::Option* devices = demo->add_option(
-      "--devices", flags->devices,
+  AddWholeFlag(demo, "--steps", &flags->steps,
+               {.unit = "steps", .min = 0, .max = int64_t{1} << 40},
+               "Steps to run; 0 only brings the system up and down");
+  AddByteFlag(demo, "--batch-bytes", &flags->batch_bytes,
+              {.min = 1, .max = kMaxBatchBytes},
+              "Bytes per batch, split evenly across the devices "
+              "(K/M/G suffixes, at most 1G)");
+  CLI::Option* devices = AddWholeFlag(
+      demo, "--devices", &flags->devices,
+      {.unit = "devices", .min = 1, .max = 64},
       "Simulated devices: sets devices= of TPUSHIM_DEVICE (default: "
       "sim://?devices=4 when TPUSHIM_DEVICE is unset)");
-  devices->check(CLI::Range(1, 64));
-  demo->add_option("--step-ms", flags->step_ms,
-                   "Modelled device compute per step, in milliseconds")
-      ->default_val(kDefaultStepMs)
-      ->check(CLI::Range(0.0, 60000.0));
-  demo->add_option("--producers", flags->producers,
-                   "Producer threads filling batches")
-      ->default_val(kDefaultProducers)
-      ->check(CLI::Range(1, 64));
+  AddDecimalFlag(demo, "--step-ms", &flags->step_ms,
+                 {.unit = "milliseconds", .min = 0, .max = 60000},
+                 "Modelled device compute per step, in milliseconds");
+  AddWholeFlag(demo, "--producers", &flags->producers,
+               {.unit = "threads", .min = 1, .max = 64},
+               "Producer threads filling batches");
   demo->add_flag("--json", flags->json,
                  "Print one JSON object instead of tables");
   demo->callback([flags, devices, &context] {

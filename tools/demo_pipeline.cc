@@ -28,6 +28,7 @@
 #include "common/mutex.h"
 #include "env/options.h"
 #include "logging/log.h"
+#include "tools/interrupt.h"
 #include "tools/pseudo_random.h"
 #include "tpushim/stats.h"
 #include "tpushim/system.h"
@@ -331,7 +332,11 @@ void Pipeline::Run() {
   int64_t producer_wait_ns = 0;
   int64_t result_wait_ns = 0;
   std::deque<std::unique_ptr<StepWork>> in_flight;  // oldest first
-  for (int64_t k = 0; k < config_.steps; ++k) {
+  int64_t k = 0;
+  int interrupted_by = 0;
+  for (; k < config_.steps; ++k) {
+    // SIGINT or SIGTERM: the steps issued so far finish and are verified.
+    if ((interrupted_by = InterruptSignal()) != 0) break;
     // Slot k % 2 is free once step k-2's results are back; at most three
     // steps are unverified (which bounds the batches alive).
     const int64_t result_wait_start = NowNs();
@@ -373,6 +378,8 @@ void Pipeline::Run() {
   ReleaseDeviceBuffers();
 
   MutexLock lock(&counters_mu_);
+  counters_.steps_run = k;
+  counters_.interrupted_by = interrupted_by;
   counters_.loop_ns = loop_end - loop_start_ns_;
   counters_.producer_wait_ns = producer_wait_ns;
   counters_.result_wait_ns = result_wait_ns;

@@ -157,6 +157,8 @@ struct StepWork {
 
 // What a run measured; filled as it runs, complete after Pipeline::Run.
 struct RunCounters {
+  int64_t steps_run = 0;  // fewer than configured when interrupted
+  int interrupted_by = 0;  // the signal that stopped the loop, else 0
   int64_t loop_ns = 0;
   int64_t producer_wait_ns = 0;  // the step loop waiting for a batch
   // The step loop waiting for earlier steps' results to come back (their

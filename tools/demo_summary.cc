@@ -24,6 +24,7 @@
 #include "env/options.h"
 #include "logging/log.h"
 #include "nlohmann/json.hpp"
+#include "tools/interrupt.h"
 #include "tools/pseudo_random.h"
 #include "tools/text_table.h"
 #include "tpushim/stats.h"
@@ -74,6 +75,11 @@ Json SummaryJson(const Summary& s) {
       {"device", s.device_url},
       {"devices", s.config.devices},
       {"steps", s.config.steps},
+      {"partial", run.interrupted_by != 0},
+      {"interrupted_by", run.interrupted_by != 0
+                             ? Json(InterruptSignalName(run.interrupted_by))
+                             : Json(nullptr)},
+      {"steps_requested", s.steps_requested},
       {"batch_bytes", s.config.batch_bytes},
       {"shard_bytes", s.config.shard_bytes},
       {"step_ms", s.config.step_ms},
@@ -231,7 +237,13 @@ void PrintRun(const Summary& s, std::ostream& out) {
 void PrintSummary(const Summary& s, std::ostream& out) {
   const RunCounters& run = s.run;
   const DemoConfig& c = s.config;
-  if (c.steps == 0) {
+  if (run.interrupted_by != 0) {
+    out << "tpushim demo: interrupted by "
+        << InterruptSignalName(run.interrupted_by) << " after " << c.steps
+        << " of " << s.steps_requested
+        << " steps; the figures below are partial\n";
+  }
+  if (c.steps == 0 && run.interrupted_by == 0) {
     out << "tpushim demo: start-up and shut-down only (--steps 0)\n";
   } else {
     out << "tpushim demo: " << c.steps << " steps, batch "

@@ -35,6 +35,9 @@ struct Summary {
   RunCounters run;
   TransferStats transfers;
   std::string log_directory;
+  // --steps as given; config.steps is the steps that ran (fewer when a
+  // signal stopped the loop, run.interrupted_by).
+  int64_t steps_requested = 0;
 
   // Mean over devices.
   double DeviceWaitSeconds() const { return Mean(run.device_wait_ns); }

@@ -155,8 +155,10 @@ void PrintChecks(const std::vector<HostClash>& clashes, std::ostream& out) {
 Json ConfigJson(const Options& options) {
   Json rows = Json::array();
   for (const OptionRow& row : DescribeOptions(options)) {
+    // The table shows an empty value as "" so that it can be seen; JSON
+    // has empty strings of its own.
     rows.push_back({{"name", row.name},
-                    {"value", row.value},
+                    {"value", row.value == "\"\"" ? "" : row.value},
                     {"source", std::string(OptionSourceName(row.source))}});
   }
   return rows;

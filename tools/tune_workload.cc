@@ -35,9 +35,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-constexpr uint64_t kMaxTransferBytes = uint64_t{4} << 30;
-constexpr int kMaxStreams = 256;
-constexpr int kMaxPinnedBuffers = 4096;
 constexpr size_t kPinnedAlignment = 4096;
 
 absl::StatusOr<uint64_t> ParseTransferSize(absl::string_view text,

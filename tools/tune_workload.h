@@ -64,6 +64,11 @@
 
 namespace tpushim::tools {
 
+// Bounds of a workload's values (the file's keys and tune's flags alike).
+inline constexpr uint64_t kMaxTransferBytes = uint64_t{4} << 30;
+inline constexpr int kMaxStreams = 256;
+inline constexpr int kMaxPinnedBuffers = 4096;
+
 class SizeDistribution {
  public:
   enum class Kind { kFixed, kUniform, kLogUniform, kHistogram };

@@ -106,8 +106,11 @@ class BenchTest : public ::testing::Test {
 TEST_F(BenchTest, JsonFieldsAndPathsForTheConfiguration) {
   const Json j = RunJson(kQuick, {kSmallRegion, kDevice});
   ASSERT_TRUE(j.is_object());
-  EXPECT_THAT(KeyNames(j), ElementsAre("memcpy_gbps", "memcpy_bytes",
-                                       "config", "rows", "skipped"));
+  EXPECT_THAT(KeyNames(j),
+              ElementsAre("memcpy_gbps", "memcpy_bytes", "config", "rows",
+                          "skipped", "partial", "interrupted_by"));
+  EXPECT_EQ(j["partial"], false);
+  EXPECT_TRUE(j["interrupted_by"].is_null());
   ASSERT_TRUE(j["memcpy_gbps"].is_number_float());
   EXPECT_GT(j["memcpy_gbps"].get<double>(), 0.0);
   EXPECT_EQ(j["memcpy_bytes"], k1M);
@@ -149,10 +152,10 @@ TEST_F(BenchTest, JsonFieldsAndPathsForTheConfiguration) {
     EXPECT_GT(row["vs_memcpy"].get<double>(), 0.0) << row;
     EXPECT_GE(row["iterations"].get<uint64_t>(), 3u) << row;
     // gbps is bytes over the median time.
-    EXPECT_NEAR(row["gbps"].get<double>(),
-                row["bytes"].get<double>() /
-                    (row["p50_us"].get<double>() * 1e3),
-                row["gbps"].get<double>() * 1e-9);
+    EXPECT_NEAR(
+        row["gbps"].get<double>(),
+        row["bytes"].get<double>() / (row["p50_us"].get<double>() * 1e3),
+        row["gbps"].get<double>() * 1e-9);
     order.push_back(KeyOf(row));
   }
   // Ordered by direction, path, size.
@@ -161,11 +164,10 @@ TEST_F(BenchTest, JsonFieldsAndPathsForTheConfiguration) {
   EXPECT_EQ(order.back(), CellKey("d2d", "-", k1M));
 
   ASSERT_TRUE(j["skipped"].is_array());
-  EXPECT_EQ(Keys(j["skipped"]),
-            (std::set<CellKey>{{"h2d", "pinned", k4K},
-                               {"h2d", "pinned", k1M},
-                               {"d2h", "pinned", k4K},
-                               {"d2h", "pinned", k1M}}));
+  EXPECT_EQ(Keys(j["skipped"]), (std::set<CellKey>{{"h2d", "pinned", k4K},
+                                                   {"h2d", "pinned", k1M},
+                                                   {"d2h", "pinned", k4K},
+                                                   {"d2h", "pinned", k1M}}));
   for (const Json& s : j["skipped"]) {
     EXPECT_THAT(KeyNames(s),
                 ElementsAre("direction", "path", "bytes", "reason"));
@@ -180,29 +182,39 @@ TEST_F(BenchTest, CsvHeaderAndRows) {
   EXPECT_THAT(r.err, IsEmpty());
   std::vector<std::string> lines =
       absl::StrSplit(r.out, '\n', absl::SkipEmpty());
-  ASSERT_EQ(lines.size(), 11u) << r.out;
+  // The 10 cells measured, then the 4 pinned ones the 16M threshold rules
+  // out, with their reason.
+  ASSERT_EQ(lines.size(), 15u) << r.out;
   EXPECT_EQ(lines[0],
-            "direction,path,bytes,gbps,vs_memcpy,p50_us,p99_us,iterations");
+            "direction,path,bytes,gbps,vs_memcpy,p50_us,p99_us,iterations,"
+            "skipped_reason");
   EXPECT_THAT(lines[1], HasSubstr("h2d,zero_copy,4096,"));
   EXPECT_THAT(lines[10], HasSubstr("d2d,-,1048576,"));
-  for (size_t i = 1; i < lines.size(); ++i) {
+  for (size_t i = 1; i <= 10; ++i) {
     EXPECT_EQ(std::vector<std::string>(absl::StrSplit(lines[i], ',')).size(),
-              8u)
+              9u)
+        << lines[i];
+    EXPECT_EQ(lines[i].back(), ',') << "a measured cell has no reason";
+  }
+  for (size_t i = 11; i < lines.size(); ++i) {
+    EXPECT_THAT(lines[i],
+                ::testing::MatchesRegex(
+                    "(h2d|d2h),pinned,[0-9]+,,,,,,at or below the transfer "
+                    "threshold.*"))
         << lines[i];
   }
 }
 
 TEST_F(BenchTest, ThresholdBelowASizeMeasuresThePinnedPath) {
-  const Json j = RunJson(
-      kQuick, {kSmallRegion, kDevice,
-               "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=65536"});
+  const Json j =
+      RunJson(kQuick, {kSmallRegion, kDevice,
+                       "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=65536"});
   ASSERT_TRUE(j.is_object());
   EXPECT_EQ(j["config"]["threshold_bytes"], 65536u);
   const std::set<CellKey> rows = Keys(j["rows"]);
   const std::set<CellKey> expected_rows = {
-      {"h2d", "zero_copy", k4K}, {"h2d", "staged", k4K},
-      {"h2d", "pinned", k1M},    {"d2h", "zero_copy", k4K},
-      {"d2h", "staged", k4K},    {"d2h", "pinned", k1M},
+      {"h2d", "zero_copy", k4K}, {"h2d", "staged", k4K}, {"h2d", "pinned", k1M},
+      {"d2h", "zero_copy", k4K}, {"d2h", "staged", k4K}, {"d2h", "pinned", k1M},
       {"d2d", "-", k4K},         {"d2d", "-", k1M}};
   EXPECT_EQ(rows, expected_rows) << j["rows"];
   std::set<CellKey> skipped;
@@ -227,13 +239,12 @@ TEST_F(BenchTest, RegionOffMeasuresOnlyPinnedAndDeviceToDevice) {
   const Json j = RunJson(kQuick, {"TPU_PREMAPPED_BUFFER_SIZE=0", kDevice});
   ASSERT_TRUE(j.is_object());
   EXPECT_EQ(j["config"]["premapped_bytes"], 0u);
-  EXPECT_EQ(Keys(j["rows"]),
-            (std::set<CellKey>{{"h2d", "pinned", k4K},
-                               {"h2d", "pinned", k1M},
-                               {"d2h", "pinned", k4K},
-                               {"d2h", "pinned", k1M},
-                               {"d2d", "-", k4K},
-                               {"d2d", "-", k1M}}));
+  EXPECT_EQ(Keys(j["rows"]), (std::set<CellKey>{{"h2d", "pinned", k4K},
+                                                {"h2d", "pinned", k1M},
+                                                {"d2h", "pinned", k4K},
+                                                {"d2h", "pinned", k1M},
+                                                {"d2d", "-", k4K},
+                                                {"d2d", "-", k1M}}));
   EXPECT_EQ(j["skipped"].size(), 8u) << j["skipped"];
   for (const Json& s : j["skipped"]) {
     EXPECT_THAT(s["path"].get<std::string>(),
@@ -244,16 +255,14 @@ TEST_F(BenchTest, RegionOffMeasuresOnlyPinnedAndDeviceToDevice) {
 }
 
 TEST_F(BenchTest, SizesBeyondTheDeviceAreSkippedNotErrors) {
-  const Json j = RunJson(
-      {"bench", "--sizes", "4K,2M", "--seconds", "0.01", "--directions",
-       "h2d,d2d", "--paths", "staged"},
-      {kSmallRegion, "TPUSHIM_DEVICE=sim://?hbm=1M"});
+  const Json j = RunJson({"bench", "--sizes", "4K,2M", "--seconds", "0.01",
+                          "--directions", "h2d,d2d", "--paths", "staged"},
+                         {kSmallRegion, "TPUSHIM_DEVICE=sim://?hbm=1M"});
   ASSERT_TRUE(j.is_object());
-  EXPECT_EQ(Keys(j["rows"]), (std::set<CellKey>{{"h2d", "staged", k4K},
-                                                {"d2d", "-", k4K}}));
-  EXPECT_EQ(Keys(j["skipped"]),
-            (std::set<CellKey>{{"h2d", "staged", 2 * k1M},
-                               {"d2d", "-", 2 * k1M}}));
+  EXPECT_EQ(Keys(j["rows"]),
+            (std::set<CellKey>{{"h2d", "staged", k4K}, {"d2d", "-", k4K}}));
+  EXPECT_EQ(Keys(j["skipped"]), (std::set<CellKey>{{"h2d", "staged", 2 * k1M},
+                                                   {"d2d", "-", 2 * k1M}}));
   for (const Json& s : j["skipped"]) {
     EXPECT_THAT(s["reason"].get<std::string>(),
                 HasSubstr("device 0 cannot hold"));
@@ -271,17 +280,16 @@ TEST_F(BenchTest, HumanTableWithoutProgressBarWhenStderrIsNotATerminal) {
       AllOf(HasSubstr("tpushim bench: device 0 (sim:0"),
             HasSubstr("transfer threshold 16777216 (16.00M)"),
             HasSubstr("memcpy (one thread, 1M, warm buffers): "),
-            HasSubstr("DIRECTION  PATH       SIZE"),
-            HasSubstr("GB/s"), HasSubstr("vs-memcpy"),
-            HasSubstr("\n  h2d        zero_copy  4K"),
+            HasSubstr("DIRECTION  PATH       SIZE"), HasSubstr("GB/s"),
+            HasSubstr("vs-memcpy"), HasSubstr("\n  h2d        zero_copy  4K"),
             HasSubstr("\n  d2d        -          1M"),
             HasSubstr("Skipped:\n  h2d pinned 4K,1M: at or below the "
                       "transfer threshold (16M)")));
 }
 
 TEST_F(BenchTest, FailedTransferExitsOne) {
-  SubprocessResult r = RunSmall(With(kQuick, {"--json"}),
-                                {"TPUSHIM_FAULTS=dma:nth=3"});
+  SubprocessResult r =
+      RunSmall(With(kQuick, {"--json"}), {"TPUSHIM_FAULTS=dma:nth=3"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   const Json j = Json::parse(r.out, nullptr, false);
   ASSERT_TRUE(j.is_object()) << r.out;
@@ -327,20 +335,19 @@ TEST_F(BenchTest, InvalidConfigurationExitsTwo) {
 TEST_F(BenchTest, HelpNamesTheFieldsAndExamples) {
   SubprocessResult r = RunTool({"bench", "--help"}, {});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out,
-              AllOf(HasSubstr("--sizes"), HasSubstr("--directions"),
-                    HasSubstr("--paths"), HasSubstr("--seconds"),
-                    HasSubstr("--device"), HasSubstr("--json"),
-                    HasSubstr("--csv"), HasSubstr("\"memcpy_gbps\""),
-                    HasSubstr("\"rows\""), HasSubstr("\"direction\""),
-                    HasSubstr("\"path\""), HasSubstr("\"bytes\""),
-                    HasSubstr("\"gbps\""), HasSubstr("\"p50_us\""),
-                    HasSubstr("\"p99_us\""), HasSubstr("\"vs_memcpy\""),
-                    HasSubstr("\"skipped\""), HasSubstr("\"reason\""),
-                    HasSubstr("null for d2d"),
-                    HasSubstr("direction,path,bytes,gbps"),
-                    HasSubstr("Examples"), HasSubstr("tpushim bench --json"),
-                    HasSubstr("Exit status: 0")));
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("--sizes"), HasSubstr("--directions"),
+            HasSubstr("--paths"), HasSubstr("--seconds"), HasSubstr("--device"),
+            HasSubstr("--json"), HasSubstr("--csv"),
+            HasSubstr("\"memcpy_gbps\""), HasSubstr("\"rows\""),
+            HasSubstr("\"direction\""), HasSubstr("\"path\""),
+            HasSubstr("\"bytes\""), HasSubstr("\"gbps\""),
+            HasSubstr("\"p50_us\""), HasSubstr("\"p99_us\""),
+            HasSubstr("\"vs_memcpy\""), HasSubstr("\"skipped\""),
+            HasSubstr("\"reason\""), HasSubstr("null for d2d"),
+            HasSubstr("direction,path,bytes,gbps"), HasSubstr("Examples"),
+            HasSubstr("tpushim bench --json"), HasSubstr("Exit status: 0")));
 
   r = RunTool({"--help"}, {});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -103,24 +103,25 @@ TEST_F(DemoTest, StepsZeroBringsTheSystemUpAndDown) {
   SubprocessResult r = RunSmall({"demo", "--steps", "0"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(r.err, IsEmpty());
-  EXPECT_THAT(r.out, AllOf(HasSubstr("init time"),
-                           HasSubstr("premapped region    16777216 (16.00M)"),
-                           HasSubstr("2 (sim://?devices=2&hbm=64M)"),
-                           HasSubstr(absl::StrCat(
-                               "Logs: ", log_dir_.Join("tpu_driver.INFO"))),
-                           HasSubstr("input-bound: n/a (no steps ran)"),
-                           EndsWith("errors = 0\n")));
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("init time"),
+            HasSubstr("premapped region    16777216 (16.00M)"),
+            HasSubstr("2 (sim://?devices=2&hbm=64M)"),
+            HasSubstr(absl::StrCat("Logs: ", log_dir_.Join("tpu_driver.INFO"))),
+            HasSubstr("input-bound: n/a (no steps ran)"),
+            EndsWith("errors = 0\n")));
   ExpectInOrder(InfoLog(), kStartupLines);
 }
 
 TEST_F(DemoTest, SmallRunVerifiesEveryByteAndEndsWithZeroErrors) {
   SubprocessResult r = RunSmall(kSmallRun);
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_THAT(r.out, AllOf(HasSubstr("Transfers"), HasSubstr("zero_copy"),
-                           HasSubstr("staged"), HasSubstr("staging waits"),
-                           HasSubstr("pinned-host fallbacks"),
-                           HasSubstr("\ninput-bound: "),
-                           EndsWith("errors = 0\n")));
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("Transfers"), HasSubstr("zero_copy"), HasSubstr("staged"),
+            HasSubstr("staging waits"), HasSubstr("pinned-host fallbacks"),
+            HasSubstr("\ninput-bound: "), EndsWith("errors = 0\n")));
   const std::string log = InfoLog();
   ExpectInOrder(log, kStartupLines);
   EXPECT_THAT(log, HasSubstr("tpushim demo: done: 0 errors"));
@@ -143,7 +144,7 @@ TEST_F(DemoTest, JsonHasTheSummaryFields) {
   EXPECT_TRUE(j["input_wait_share"].is_number()) << j;
   EXPECT_THAT(j["input_bound_reason"].get<std::string>(),
               HasSubstr(j["input_bound"].get<bool>() ? "input-bound: yes"
-                                                      : "input-bound: no"));
+                                                     : "input-bound: no"));
   EXPECT_EQ(j["errors"], 0u) << j["error_detail"];
   EXPECT_EQ(j["error_detail"]["hash_mismatches"], 0u);
   EXPECT_TRUE(j["error_detail"]["first_error"].is_null());
@@ -172,8 +173,8 @@ TEST_F(DemoTest, JsonHasTheSummaryFields) {
 }
 
 TEST_F(DemoTest, DefaultDeviceIsFourSimulatedDevices) {
-  SubprocessResult r = RunTool({"demo", "--steps", "0", "--json"},
-                               {kSmallRegion});
+  SubprocessResult r =
+      RunTool({"demo", "--steps", "0", "--json"}, {kSmallRegion});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const Json j = ParseJson(r.out);
   EXPECT_EQ(j["device"], "sim://?devices=4");
@@ -182,18 +183,17 @@ TEST_F(DemoTest, DefaultDeviceIsFourSimulatedDevices) {
 }
 
 TEST_F(DemoTest, DevicesFlagWithoutTpushimDevice) {
-  SubprocessResult r = RunTool({"demo", "--steps", "0", "--devices", "3",
-                                "--json"},
-                               {kSmallRegion});
+  SubprocessResult r = RunTool(
+      {"demo", "--steps", "0", "--devices", "3", "--json"}, {kSmallRegion});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(ParseJson(r.out)["device"], "sim://?devices=3");
   EXPECT_THAT(InfoLog(), HasSubstr("logical device ids: 0,1,2\n"));
 }
 
 TEST_F(DemoTest, DevicesFlagSetsOnlyTheDeviceCountOfTpushimDevice) {
-  SubprocessResult r = RunSmall({"demo", "--steps", "2", "--devices", "3",
-                                 "--batch-bytes", "96K", "--step-ms", "0",
-                                 "--json"});
+  SubprocessResult r =
+      RunSmall({"demo", "--steps", "2", "--devices", "3", "--batch-bytes",
+                "96K", "--step-ms", "0", "--json"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   const Json j = ParseJson(r.out);
   EXPECT_EQ(j["device"], "sim://?devices=3&hbm=64M");
@@ -203,9 +203,8 @@ TEST_F(DemoTest, DevicesFlagSetsOnlyTheDeviceCountOfTpushimDevice) {
 }
 
 TEST_F(DemoTest, RegionOffFallsBackToPageableBatches) {
-  SubprocessResult r =
-      RunTool(WithJson(kSmallRun),
-              {"TPU_PREMAPPED_BUFFER_SIZE=0", kTwoDevices});
+  SubprocessResult r = RunTool(WithJson(kSmallRun),
+                               {"TPU_PREMAPPED_BUFFER_SIZE=0", kTwoDevices});
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   const Json j = ParseJson(r.out);
   EXPECT_EQ(j["errors"], 0u) << j["error_detail"];
@@ -237,9 +236,9 @@ TEST_F(DemoTest, InjectedDmaFailureInHumanOutput) {
 
 TEST_F(DemoTest, DeviceMemoryTooSmallIsAFailedAllocation) {
   // Four 512 KiB buffers per device do not fit in 1 MiB of HBM.
-  SubprocessResult r = RunTool(
-      {"demo", "--steps", "4", "--batch-bytes", "1M", "--json"},
-      {kSmallRegion, "TPUSHIM_DEVICE=sim://?devices=2&hbm=1M"});
+  SubprocessResult r =
+      RunTool({"demo", "--steps", "4", "--batch-bytes", "1M", "--json"},
+              {kSmallRegion, "TPUSHIM_DEVICE=sim://?devices=2&hbm=1M"});
   EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
   const Json j = ParseJson(r.out);
   EXPECT_EQ(j["error_detail"]["failed_allocations"], 1u) << j;
@@ -288,16 +287,25 @@ TEST_F(DemoTest, InvalidConfigurationExitsTwo) {
   EXPECT_EQ(j["error"]["code"], "INVALID_ARGUMENT");
 }
 
+// A runtime that cannot start is exit 1, and its status prints as it prints
+// itself, code first: scripts grep for RESOURCE_EXHAUSTED.
+TEST_F(DemoTest, StartupFailureNamesTheStatusCode) {
+  SubprocessResult r = RunTool({"demo", "--steps", "0"},
+                               {"TPU_PREMAPPED_BUFFER_SIZE=1099511627776"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("tpushim: cannot start the runtime: "
+                               "RESOURCE_EXHAUSTED: "));
+}
+
 TEST_F(DemoTest, HelpListsTheOptionsAndExamples) {
   SubprocessResult r = RunTool({"demo", "--help"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out,
-              AllOf(HasSubstr("--steps"), HasSubstr("--batch-bytes"),
-                    HasSubstr("--devices"), HasSubstr("--step-ms"),
-                    HasSubstr("--producers"), HasSubstr("--json"),
-                    HasSubstr("input-bound"), HasSubstr("Examples"),
-                    HasSubstr("tpushim demo --json | jq"),
-                    HasSubstr("Exit status: 0")));
+  EXPECT_THAT(r.out, AllOf(HasSubstr("--steps"), HasSubstr("--batch-bytes"),
+                           HasSubstr("--devices"), HasSubstr("--step-ms"),
+                           HasSubstr("--producers"), HasSubstr("--json"),
+                           HasSubstr("input-bound"), HasSubstr("Examples"),
+                           HasSubstr("tpushim demo --json | jq"),
+                           HasSubstr("Exit status: 0")));
 
   r = RunTool({"--help"});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -195,6 +195,16 @@ TEST(InfoTest, JsonHasEveryFieldWithItsType) {
   }
 }
 
+// An unset text option is an empty JSON string, not the table's `""`.
+TEST(InfoTest, JsonShowsAnEmptyValueAsAnEmptyString) {
+  SubprocessResult r = RunTool({"info", "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Json entry = ConfigEntry(ParseJson(r.out), "TPU_VMODULE");
+  ASSERT_FALSE(entry.is_null());
+  EXPECT_EQ(entry["value"], "");
+  EXPECT_THAT(RunTool({"info"}).out, HasSubstr("TPU_VMODULE"));
+}
+
 TEST(InfoTest, JsonCarriesResolutionWarnings) {
   SubprocessResult r =
       RunTool({"info", "--json"},
@@ -211,7 +221,8 @@ TEST(InfoTest, InvalidConfigurationExitsTwoNamingTheValue) {
   SubprocessResult r = RunTool({"info"}, {"TPU_PREMAPPED_BUFFER_SIZE=5000"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_THAT(r.err,
-              AllOf(HasSubstr("tpushim: invalid configuration: "),
+              AllOf(HasSubstr("tpushim: invalid configuration: "
+                              "INVALID_ARGUMENT: "),
                     HasSubstr("TPU_PREMAPPED_BUFFER_SIZE"), HasSubstr("5000")));
   EXPECT_THAT(r.out, IsEmpty());
 }
