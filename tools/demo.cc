@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "env/device_url.h"
 #include "env/options.h"
@@ -95,6 +96,28 @@ struct DemoFlags {
   int producers = kDefaultProducers;
   bool json = false;
 };
+
+// Why a region of `bytes` was left unlocked, and what to do about it. With
+// the default stderr level the start-up WARNING that says so never reaches
+// the terminal, so the summary says it.
+std::string NotLockedReason(const Options& options, uint64_t bytes, Os& os) {
+  if (options.mlock.value == MlockMode::kOff) {
+    return "TPUSHIM_MLOCK=off asks not to lock it.";
+  }
+  absl::StatusOr<ResourceLimit> limit = os.GetMemlockLimit();
+  if (limit.ok() && limit->soft != ResourceLimit::kUnlimited &&
+      limit->soft < bytes) {
+    return absl::StrCat(
+        "the memlock limit (RLIMIT_MEMLOCK) is ",
+        BytesWithHumanReadable(limit->soft), ", below the region's ",
+        BytesWithHumanReadable(bytes),
+        ". Raise it (`ulimit -l unlimited` as root, LimitMEMLOCK=infinity in "
+        "a systemd unit, or a memlock line in /etc/security/limits.conf), or "
+        "give the process CAP_IPC_LOCK; its pages may be swapped out until "
+        "then.");
+  }
+  return "mlock() failed; tpu_driver.WARNING in the log directory says why.";
+}
 
 void RunDemo(const DemoFlags& flags, CommandContext& context) {
   absl::StatusOr<Options> options = ResolveOptions(*context.os);
@@ -180,6 +203,11 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   const SystemStats stats = (*system)->GetStats();
   summary.region = stats.region;
   summary.transfers = stats.transfers;
+  summary.min_log_level = options->min_log_level.value;
+  if (summary.premapped_bytes > 0 && !summary.region.locked) {
+    summary.not_locked_reason =
+        NotLockedReason(*options, summary.premapped_bytes, *context.os);
+  }
   LOG(INFO) << "tpushim demo: done: " << summary.run.errors() << " errors, "
             << (summary.InputBound() ? "input-bound" : "not input-bound");
   system->reset();  // everything released before the summary is written

@@ -72,6 +72,12 @@ Json SummaryJson(const Summary& s) {
       {"init_seconds", s.init_seconds},
       {"premapped_bytes", s.premapped_bytes},
       {"threshold_bytes", s.threshold_bytes},
+      {"region",
+       {{"pages", s.region.page_description},
+        {"locked", s.region.locked},
+        {"not_locked_reason", s.not_locked_reason.empty()
+                                  ? Json(nullptr)
+                                  : Json(s.not_locked_reason)}}},
       {"device", s.device_url},
       {"devices", s.config.devices},
       {"steps", s.config.steps},
@@ -262,7 +268,7 @@ void PrintSummary(const Summary& s, std::ostream& out) {
     startup.AddRow(
         {"premapped region",
          absl::StrCat(BytesWithHumanReadable(s.premapped_bytes), ", ",
-                      s.region.page_kind, " pages",
+                      s.region.page_description,
                       s.region.locked ? ", mlocked" : ", not mlocked",
                       ", NUMA node ", s.region.numa_node)});
     startup.AddRow(
@@ -280,6 +286,9 @@ void PrintSummary(const Summary& s, std::ostream& out) {
                       " us latency, ", d.dma_engines, " DMA engine(s)")});
   }
   startup.Print(out);
+  if (!s.not_locked_reason.empty()) {
+    out << "The region is not mlocked: " << s.not_locked_reason << "\n";
+  }
   if (c.steps > 0 && run.loop_ns > 0) PrintRun(s, out);
   out << "\n" << s.InputBoundReason() << "\n";
 
@@ -291,10 +300,16 @@ void PrintSummary(const Summary& s, std::ostream& out) {
   if (!run.first_error.empty()) errors.AddRow({"first", run.first_error});
   errors.Print(out);
 
-  out << "\nLogs: "
-      << (s.log_directory.empty() ? "none (TPU_LOG_DIR=disabled or unusable)"
-                                  : s.InfoFile())
-      << "\n";
+  out << "\nLogs: ";
+  if (s.log_directory.empty()) {
+    out << "none (TPU_LOG_DIR=disabled or unusable)";
+  } else if (s.min_log_level >= 3) {
+    out << s.log_directory << " (TPU_MIN_LOG_LEVEL=3: only FATAL lines, "
+        << s.InfoFile() << " once there is one)";
+  } else {
+    out << s.InfoFile();
+  }
+  out << "\n";
   out << "errors = " << run.errors() << "\n";
 }
 

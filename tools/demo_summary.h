@@ -5,11 +5,13 @@
 #ifndef TPUSHIM_TOOLS_DEMO_SUMMARY_H_
 #define TPUSHIM_TOOLS_DEMO_SUMMARY_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <ostream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
@@ -56,8 +58,17 @@ struct Summary {
     for (const PathStats& p : transfers.host[direction]) bytes += p.bytes;
     return bytes;
   }
+  // TPU_MIN_LOG_LEVEL: 0 INFO ... 3 FATAL; the lowest-level file written.
+  int min_log_level = 0;
+  // Why the region is not locked and how to change that; "" when it is.
+  std::string not_locked_reason;
   std::string InfoFile() const {
-    return log_directory.empty() ? "" : log_directory + "/tpu_driver.INFO";
+    static constexpr const char* kLevels[] = {"INFO", "WARNING", "ERROR",
+                                              "FATAL"};
+    return log_directory.empty()
+               ? ""
+               : absl::StrCat(log_directory, "/tpu_driver.",
+                              kLevels[std::clamp(min_log_level, 0, 3)]);
   }
 
   // One sentence on whether the run was input-bound and why.

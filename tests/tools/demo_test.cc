@@ -172,6 +172,40 @@ TEST_F(DemoTest, JsonHasTheSummaryFields) {
   EXPECT_EQ(j["logs"]["info_file"], log_dir_.Join("tpu_driver.INFO"));
 }
 
+// What backs the region is said as the kernel reports it (never the plan,
+// "thp pages"); a region left unlocked says why and what to do.
+TEST_F(DemoTest, RegionPagesAndWhyItIsNotLocked) {
+  SubprocessResult r =
+      RunTool({"demo", "--steps", "0"},
+              {kSmallRegion, "TPUSHIM_MLOCK=off", "TPUSHIM_HUGEPAGES=off"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr("4 KiB pages, not mlocked"), Not(HasSubstr("thp pages")),
+            HasSubstr("The region is not mlocked: "
+                      "TPUSHIM_MLOCK=off asks not to lock it.")));
+  r = RunTool({"demo", "--steps", "0", "--json"},
+              {kSmallRegion, "TPUSHIM_MLOCK=off"});
+  const Json j = ParseJson(r.out);
+  EXPECT_EQ(j["region"]["locked"], false);
+  EXPECT_EQ(j["region"]["not_locked_reason"],
+            "TPUSHIM_MLOCK=off asks not to lock it.");
+}
+
+// With TPU_MIN_LOG_LEVEL=3 no INFO file is written: the summary does not
+// name one.
+TEST_F(DemoTest, LogsLineNamesOnlyAFileThatIsWritten) {
+  SubprocessResult r =
+      RunTool({"demo", "--steps", "0"}, {kSmallRegion, "TPU_MIN_LOG_LEVEL=3"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(
+      r.out, HasSubstr(absl::StrCat("Logs: ", log_dir_.path(),
+                                    " (TPU_MIN_LOG_LEVEL=3: only FATAL lines, ",
+                                    log_dir_.Join("tpu_driver.FATAL"),
+                                    " once there is one)")));
+  EXPECT_THAT(r.out, Not(HasSubstr("tpu_driver.INFO")));
+}
+
 TEST_F(DemoTest, DefaultDeviceIsFourSimulatedDevices) {
   SubprocessResult r =
       RunTool({"demo", "--steps", "0", "--json"}, {kSmallRegion});
