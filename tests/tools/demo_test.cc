@@ -14,6 +14,7 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
 #include "tests/testing/temp_dir.h"
+#include "tests/testing/trace_check.h"
 
 namespace tpushim {
 namespace {
@@ -204,6 +205,22 @@ TEST_F(DemoTest, LogsLineNamesOnlyAFileThatIsWritten) {
                                     log_dir_.Join("tpu_driver.FATAL"),
                                     " once there is one)")));
   EXPECT_THAT(r.out, Not(HasSubstr("tpu_driver.INFO")));
+}
+
+// The trace of a real demo run opens in Chrome DevTools and Perfetto with
+// every DMA flow drawn and every track a proper stack of slices.
+TEST_F(DemoTest, TraceOfADemoRunShowsEveryFlowInBothViewers) {
+  const std::string trace = log_dir_.Join("demo_trace.json");
+  SubprocessResult r = RunSmall(kSmallRun, {"TPUSHIM_TRACE_FILE=" + trace});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json root = Json::parse(ReadFileOrEmpty(trace), nullptr, false);
+  ASSERT_FALSE(root.is_discarded()) << "the trace is not JSON";
+  const testutil::TraceViewCheck c = testutil::CheckTraceView(root);
+  // 6 steps × (h2d + d2d + d2h) on 2 devices: dozens of descriptors.
+  EXPECT_GT(c.flows, 30u);
+  EXPECT_EQ(c.flows_drawn_devtools, c.flows);
+  EXPECT_EQ(c.flows_drawn_perfetto, c.flows);
+  EXPECT_THAT(c.problems, IsEmpty());
 }
 
 TEST_F(DemoTest, DefaultDeviceIsFourSimulatedDevices) {
