@@ -18,7 +18,8 @@ namespace tpushim {
 absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
     const Options& options, Os* os, FaultInjector* faults,
     std::optional<int> device_numa_node,
-    const DmaRegistration& register_for_dma) {
+    const DmaRegistration& register_for_dma,
+    const PrefaultProgress& on_progress) {
   const uint64_t size = options.premapped_buffer_size.value;
   const uint64_t threshold =
       options.premapped_buffer_transfer_threshold_bytes.value;
@@ -110,8 +111,14 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   };
 
   // 5. Pre-fault.
+  Prefaulter::ReadyCallback on_ready = nullptr;
+  if (on_progress) {
+    on_ready = [&on_progress, total = range.length](uint64_t ready) {
+      on_progress(ready, total);
+    };
+  }
   Prefaulter prefaulter(*os, static_cast<char*>(range.start), range.length,
-                        range.plan.page_bytes, node);
+                        range.plan.page_bytes, node, std::move(on_ready));
   const int threads = prefaulter.ThreadsFor(
       options.EffectivePrefaultThreads(os->OnlineCpuCount()));
   TPUSHIM_RETURN_IF_ERROR(prefaulter.Run(threads));
@@ -162,8 +169,7 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   stats.huge_page_bytes = seen.huge_bytes;
   stats.page_kind_asked = range.plan.kind;
   stats.page_description = seen.description;
-  stats.numa_node =
-      seen.numa_nodes.size() == 1 ? seen.numa_nodes[0] : node;
+  stats.numa_node = seen.numa_nodes.size() == 1 ? seen.numa_nodes[0] : node;
   stats.numa_policy = seen.numa_policy;
   stats.numa_nodes = seen.numa_nodes;
   stats.prefault_threads = threads;

@@ -71,7 +71,7 @@ class PremappedRegion {
     // As the start-up line says it, e.g. "transparent huge pages on 87% of
     // the region, 4 KiB pages on the rest".
     std::string page_description;
-    int numa_node = 0;  // the node its pages are on (or were bound to)
+    int numa_node = 0;        // the node its pages are on (or were bound to)
     std::string numa_policy;  // "bind", "default", ... or "unknown"
     std::vector<int> numa_nodes;  // nodes its pages were found on
     int prefault_threads = 0;
@@ -87,6 +87,11 @@ class PremappedRegion {
   // nothing registered.
   using DmaRegistration =
       std::function<absl::Status(void* base, uint64_t size)>;
+  // Told how many bytes of the region are populated (`done` of `total`)
+  // while it is pre-faulted: each time the populated prefix grows, in
+  // increasing order, never concurrently, from a pre-fault thread. It must
+  // not call into the region.
+  using PrefaultProgress = std::function<void(uint64_t done, uint64_t total)>;
 
   // Maps, pre-faults and pins the region described by `options`, registers
   // it through `register_for_dma` (if given) and logs the start-up lines.
@@ -97,7 +102,8 @@ class PremappedRegion {
   static absl::StatusOr<std::unique_ptr<PremappedRegion>> Create(
       const Options& options, Os* os, FaultInjector* faults,
       std::optional<int> device_numa_node = std::nullopt,
-      const DmaRegistration& register_for_dma = nullptr);
+      const DmaRegistration& register_for_dma = nullptr,
+      const PrefaultProgress& on_progress = nullptr);
 
   PremappedRegion(const PremappedRegion&) = delete;
   PremappedRegion& operator=(const PremappedRegion&) = delete;

@@ -465,10 +465,27 @@ TpuShim_Error* SystemCreate(TpuShim_System_Create_Args* args) {
       TPUSHIM_RETURN_IF_ERROR(
           SetOptionOverride(overrides, option.name, option.value));
     }
+    // 1.1: the progress callback, when the caller's struct has it.
+    StartupProgressCallback progress = nullptr;
+    if (args->struct_size >= TPUSHIM_STRUCT_SIZE(TpuShim_System_Create_Args,
+                                                 progress_user_data) &&
+        args->progress != nullptr) {
+      progress = [fn = args->progress, user_data = args->progress_user_data](
+                     const StartupProgress& p) {
+        TpuShim_StartupProgress c{};
+        c.struct_size = sizeof(c);
+        c.phase = p.phase == StartupProgress::Phase::kDone ? 1 : 0;
+        c.done_bytes = p.done_bytes;
+        c.total_bytes = p.total_bytes;
+        c.elapsed_seconds = absl::ToDoubleSeconds(p.elapsed);
+        fn(&c, user_data);
+      };
+    }
     Os* os = test_os.load(std::memory_order_acquire);
     TPUSHIM_ASSIGN_OR_RETURN(
         std::unique_ptr<System> system,
-        SystemFactory::Create(overrides, os != nullptr ? os : Os::Default()));
+        SystemFactory::Create(overrides, os != nullptr ? os : Os::Default(),
+                              nullptr, std::move(progress)));
     auto entry = std::make_shared<SystemEntry>(std::move(system));
     TPUSHIM_ASSIGN_OR_RETURN(args->system.id,
                              tables().systems.Insert(std::move(entry)));

@@ -1,7 +1,10 @@
+#include "tpushim/system.h"
+
 #include <memory>
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -14,7 +17,6 @@
 #include "env/options.h"
 #include "logging/log.h"
 #include "transfer/transfer_engine.h"
-#include "tpushim/system.h"
 
 namespace tpushim {
 
@@ -121,8 +123,32 @@ Os* LogFaultOs(Os* base, const FaultSpec& spec) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
-    const OptionOverrides& overrides, Os* base_os, FaultInjector* faults) {
+    const OptionOverrides& overrides, Os* base_os, FaultInjector* faults,
+    StartupProgressCallback progress) {
   const int64_t start_ns = base_os->MonotonicNanos();
+  // Progress: at most every 50 ms while premapping, always the last byte,
+  // and kDone however Create returns.
+  int64_t last_report_ns = 0;
+  auto report = [&](StartupProgress::Phase phase, uint64_t done,
+                    uint64_t total) {
+    const int64_t now = base_os->MonotonicNanos();
+    if (phase == StartupProgress::Phase::kPremapping && done < total &&
+        last_report_ns != 0 && now - last_report_ns < 50'000'000) {
+      return;
+    }
+    last_report_ns = now;
+    progress(StartupProgress{.phase = phase,
+                             .done_bytes = done,
+                             .total_bytes = total,
+                             .elapsed = absl::Nanoseconds(now - start_ns)});
+  };
+  uint64_t premapped_done = 0;
+  uint64_t premapped_total = 0;
+  absl::Cleanup done = [&] {
+    if (progress) {
+      report(StartupProgress::Phase::kDone, premapped_done, premapped_total);
+    }
+  };
   auto impl = std::make_unique<System::Impl>();
   TPUSHIM_ASSIGN_OR_RETURN(impl->options, ResolveOptions(*base_os, overrides));
   const Options& options = impl->options;
@@ -135,8 +161,8 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     if (faults == nullptr && !options.faults.value.empty()) {
       log_os = LogFaultOs(base_os, options.faults.value);
     }
-    TPUSHIM_RETURN_IF_ERROR(logging::InitLogging(
-        logging::LogConfig::FromOptions(options), log_os));
+    TPUSHIM_RETURN_IF_ERROR(
+        logging::InitLogging(logging::LogConfig::FromOptions(options), log_os));
   } else if (options.log_dir.source != OptionSource::kDefault ||
              options.min_log_level.source != OptionSource::kDefault ||
              options.stderr_log_level.source != OptionSource::kDefault) {
@@ -168,16 +194,16 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   std::optional<int> device_node;
   for (const auto& d : impl->devices) {
     const DeviceInfo& info = d->info();
-    impl->descriptions.push_back(DeviceDescription{
-        .id = info.id,
-        .name = info.name,
-        .backend = info.backend,
-        .hbm_bytes = info.hbm_bytes,
-        .dma_engines = info.dma_engines,
-        .numa_node = info.numa_node,
-        .link_gbps = info.link_gbps,
-        .latency_us = info.latency_us,
-        .block_bytes = info.block_bytes});
+    impl->descriptions.push_back(
+        DeviceDescription{.id = info.id,
+                          .name = info.name,
+                          .backend = info.backend,
+                          .hbm_bytes = info.hbm_bytes,
+                          .dma_engines = info.dma_engines,
+                          .numa_node = info.numa_node,
+                          .link_gbps = info.link_gbps,
+                          .latency_us = info.latency_us,
+                          .block_bytes = info.block_bytes});
     if (!device_node) device_node = info.numa_node;
   }
   // The region is registered for every device's DMA while it is being
@@ -207,9 +233,19 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     }
     return absl::OkStatus();
   };
+  PremappedRegion::PrefaultProgress on_progress = nullptr;
+  if (progress) {
+    premapped_total = options.premapped_buffer_size.value;
+    report(StartupProgress::Phase::kPremapping, 0, premapped_total);
+    on_progress = [&](uint64_t done_bytes, uint64_t total) {
+      premapped_done = done_bytes;
+      premapped_total = total;
+      report(StartupProgress::Phase::kPremapping, done_bytes, total);
+    };
+  }
   TPUSHIM_ASSIGN_OR_RETURN(
       impl->region, PremappedRegion::Create(options, os, injector, device_node,
-                                            register_region));
+                                            register_region, on_progress));
   {
     MutexLock lock(&impl->owner->mu);
     impl->owner->allocator =
@@ -229,8 +265,7 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   impl->init_time = absl::Nanoseconds(base_os->MonotonicNanos() - start_ns);
   LOG(INFO) << "CreateTpuSystemState: TPU initialization is successful and "
                "it took "
-            << absl::StrFormat("%.9f",
-                               absl::ToDoubleSeconds(impl->init_time))
+            << absl::StrFormat("%.9f", absl::ToDoubleSeconds(impl->init_time))
             << "s";
   LOG(INFO) << "CreateTpuSystemState: using TPU host premapped buffer of "
                "size: "
@@ -241,6 +276,12 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
 absl::StatusOr<std::unique_ptr<System>> System::Create(
     const OptionOverrides& overrides) {
   return SystemFactory::Create(overrides, Os::Default());
+}
+
+absl::StatusOr<std::unique_ptr<System>> System::Create(
+    const OptionOverrides& overrides, StartupProgressCallback progress) {
+  return SystemFactory::Create(overrides, Os::Default(), nullptr,
+                               std::move(progress));
 }
 
 System::System(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -280,13 +321,12 @@ absl::StatusOr<PinnedHostBuffer> System::AllocatePinnedHost(uint64_t size,
         "Cannot allocate a pinned host buffer: the premapped region is off "
         "(TPU_PREMAPPED_BUFFER_SIZE=0)");
   }
-  TPUSHIM_ASSIGN_OR_RETURN(void* p,
-                           impl_->region->allocator().Allocate(size, alignment));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      void* p, impl_->region->allocator().Allocate(size, alignment));
   return PinnedHostBuffer(impl_->owner, p, size);
 }
 
-absl::StatusOr<DeviceBuffer> System::AllocateDevice(int device,
-                                                    uint64_t size) {
+absl::StatusOr<DeviceBuffer> System::AllocateDevice(int device, uint64_t size) {
   return impl_->engine->Allocate(device, size);
 }
 
@@ -295,10 +335,12 @@ absl::StatusOr<Event> System::Deallocate(const DeviceBuffer& buffer,
   return impl_->engine->Deallocate(buffer, wait_for);
 }
 
-absl::StatusOr<Event> System::TransferToDevice(
-    const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
-    uint64_t size, absl::Span<const Event> wait_for,
-    HostBufferSemantics semantics) {
+absl::StatusOr<Event> System::TransferToDevice(const void* src,
+                                               const DeviceBuffer& dst,
+                                               uint64_t dst_offset,
+                                               uint64_t size,
+                                               absl::Span<const Event> wait_for,
+                                               HostBufferSemantics semantics) {
   return impl_->engine->TransferToDevice(src, dst, dst_offset, size, wait_for,
                                          semantics);
 }
@@ -306,15 +348,15 @@ absl::StatusOr<Event> System::TransferToDevice(
 absl::StatusOr<Event> System::TransferFromDevice(
     const DeviceBuffer& src, uint64_t src_offset, void* dst, uint64_t size,
     absl::Span<const Event> wait_for, HostBufferSemantics semantics) {
-  return impl_->engine->TransferFromDevice(src, src_offset, dst, size,
-                                           wait_for, semantics);
+  return impl_->engine->TransferFromDevice(src, src_offset, dst, size, wait_for,
+                                           semantics);
 }
 
 absl::StatusOr<Event> System::TransferDeviceToDevice(
     const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
     uint64_t dst_offset, uint64_t size, absl::Span<const Event> wait_for) {
-  return impl_->engine->TransferDeviceToDevice(src, src_offset, dst,
-                                               dst_offset, size, wait_for);
+  return impl_->engine->TransferDeviceToDevice(src, src_offset, dst, dst_offset,
+                                               size, wait_for);
 }
 
 TransferPath System::PathFor(const void* host, uint64_t size) const {

@@ -28,8 +28,8 @@ struct SystemFactory {
   // the same `faults` decides the OS points, `log_open` included. Fault
   // sweeps use this to count and fail every injectable call of a system.
   static absl::StatusOr<std::unique_ptr<System>> Create(
-      const OptionOverrides& overrides, Os* os,
-      FaultInjector* faults = nullptr);
+      const OptionOverrides& overrides, Os* os, FaultInjector* faults = nullptr,
+      StartupProgressCallback progress = nullptr);
 };
 
 }  // namespace tpushim

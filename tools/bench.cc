@@ -746,7 +746,10 @@ void RunBench(const BenchFlags& flags, CommandContext& context) {
     return;
   }
 
-  absl::StatusOr<std::unique_ptr<System>> system = System::Create();
+  auto display =
+      std::make_shared<StartupProgressDisplay>(*context.err, "bench");
+  absl::StatusOr<std::unique_ptr<System>> system = System::Create(
+      {}, [display](const StartupProgress& p) { (*display)(p); });
   if (!system.ok()) {
     const bool invalid = absl::IsInvalidArgument(system.status());
     ReportError(system.status(),

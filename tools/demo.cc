@@ -28,6 +28,7 @@
 #include "tools/demo_pipeline.h"
 #include "tools/demo_summary.h"
 #include "tools/flags.h"
+#include "tools/progress.h"
 #include "tools/pseudo_random.h"
 #include "tpushim/stats.h"
 #include "tpushim/system.h"
@@ -160,7 +161,9 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   }
   config.batch_bytes = config.shard_bytes * config.devices;
 
-  absl::StatusOr<std::unique_ptr<System>> system = System::Create(overrides);
+  auto display = std::make_shared<StartupProgressDisplay>(*context.err, "demo");
+  absl::StatusOr<std::unique_ptr<System>> system = System::Create(
+      overrides, [display](const StartupProgress& p) { (*display)(p); });
   if (!system.ok()) {
     const bool invalid = absl::IsInvalidArgument(system.status());
     ReportError(system.status(),

@@ -99,7 +99,7 @@ extern "C" {
 #endif
 
 #define TPUSHIM_API_MAJOR 1
-#define TPUSHIM_API_MINOR 0
+#define TPUSHIM_API_MINOR 1
 
 /* The size of `type` up to and including `last_field`: a struct's size at
  * the version whose last field that was. */
@@ -229,11 +229,32 @@ typedef struct TpuShim_Option {
  * (the message names the variable and the value); RESOURCE_EXHAUSTED when
  * the host cannot hold the region; the failing OS call's status otherwise.
  * Nothing is left mapped, pinned, open or running after an error. */
+/* How far System_Create has come (see tpushim::StartupProgress): phase 0
+ * while the premapped region is populated (done_bytes of total_bytes),
+ * then once phase 1, start-up finished (successfully or not). */
+typedef struct TpuShim_StartupProgress {
+  size_t struct_size; /* of this struct as the library filled it */
+  int32_t phase;      /* 0 premapping, 1 done */
+  uint64_t done_bytes;
+  uint64_t total_bytes; /* the region's size; 0 when it is off */
+  double elapsed_seconds;
+} TpuShim_StartupProgress;
+
+/* Called from a library thread during System_Create, never concurrently,
+ * at most about 20 times a second and once with every byte done, then
+ * once with phase 1. `progress` is valid only during the call. It must
+ * return quickly and not call into the library. */
+typedef void TpuShim_StartupProgress_Fn(
+    const TpuShim_StartupProgress* progress, void* user_data);
+
 typedef struct TpuShim_System_Create_Args {
   size_t struct_size;
   const TpuShim_Option* options; /* in: may be NULL when num_options is 0 */
   size_t num_options;            /* in */
   TpuShim_System system;         /* out: destroy with System_Destroy */
+  /* 1.1: in, may be NULL: start-up progress, with `progress_user_data`. */
+  TpuShim_StartupProgress_Fn* progress;
+  void* progress_user_data;
 } TpuShim_System_Create_Args;
 #define TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_System_Create_Args, system)

@@ -4,10 +4,12 @@
 //   options (the environment, LIBTPU_INIT_ARGS, then what the caller sets)
 //   → logging → host checks → premapped region → devices → transfer engine
 //
-// logging the start-up lines tools grep for, ending with
+// logging the start-up lines tools grep for, ending with (verbatim)
+// clang-format off
 //   tpu::System initialized, current host id: 0, logical device ids: 0,1,2,3
 //   CreateTpuSystemState: TPU initialization is successful and it took 0.412345678s
 //   CreateTpuSystemState: using TPU host premapped buffer of size: 4294967296
+// clang-format on
 //
 // Several systems may live in one process (each with its own region,
 // devices and engine); logging is process-wide: the first System started
@@ -35,6 +37,7 @@
 #define TPUSHIM_SYSTEM_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -96,6 +99,23 @@ struct DeviceDescription {
   uint32_t block_bytes = 1;
 };
 
+// How far start-up has come, for a progress bar: premapping a large
+// region (pre-faulting, pinning) is what takes seconds.
+struct StartupProgress {
+  enum class Phase {
+    kPremapping,  // done_bytes of total_bytes of the region populated
+    kDone,        // start-up finished (successfully or not)
+  };
+  Phase phase = Phase::kPremapping;
+  uint64_t done_bytes = 0;
+  uint64_t total_bytes = 0;  // the region's size (0 when it is off)
+  absl::Duration elapsed;    // since Create was called
+};
+// Called from a runtime thread, never concurrently, at most about 20 times
+// a second and once more with every byte done, then once with kDone. It
+// must return quickly and not call into tpushim.
+using StartupProgressCallback = std::function<void(const StartupProgress&)>;
+
 class TPUSHIM_EXPORT System {
  public:
   // Brings the runtime up. `overrides` win over LIBTPU_INIT_ARGS and the
@@ -105,6 +125,9 @@ class TPUSHIM_EXPORT System {
   // mapped, pinned, open or running.
   static absl::StatusOr<std::unique_ptr<System>> Create(
       const OptionOverrides& overrides = {});
+  // The same, telling `progress` (may be null) how start-up goes.
+  static absl::StatusOr<std::unique_ptr<System>> Create(
+      const OptionOverrides& overrides, StartupProgressCallback progress);
 
   System(const System&) = delete;
   System& operator=(const System&) = delete;

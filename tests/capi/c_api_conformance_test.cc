@@ -16,13 +16,13 @@
 // status, calling back in); System_Destroy with live buffers and pending
 // work, and racing other calls; option errors naming the variable.
 
-#include <cstdlib>
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <mutex>
@@ -123,7 +123,7 @@ using Options = std::vector<std::pair<std::string, std::string>>;
 std::string TestDevice() {
   const char* device = std::getenv("TPUSHIM_TEST_DEVICE");
   return device != nullptr && *device != '\0' ? device
-                                                : "sim://?devices=2&hbm=16M";
+                                              : "sim://?devices=2&hbm=16M";
 }
 
 // Whether the suite runs on its own two simulated devices, whose sizes
@@ -1158,9 +1158,8 @@ TEST_P(CApiConformanceTest, TransfersOfZeroBytesAreInvalidArgument) {
   for (const int32_t semantics :
        {TPUSHIM_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL,
         TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES}) {
-    EXPECT_EQ(
-        TryToDevice(s, host.data(), a, 0, 0, {}, nullptr, semantics).code,
-        TPUSHIM_CODE_INVALID_ARGUMENT);
+    EXPECT_EQ(TryToDevice(s, host.data(), a, 0, 0, {}, nullptr, semantics).code,
+              TPUSHIM_CODE_INVALID_ARGUMENT);
     EXPECT_EQ(
         TryToDevice(s, host.data(), a, 4096, 0, {}, nullptr, semantics).code,
         TPUSHIM_CODE_INVALID_ARGUMENT);
@@ -1316,8 +1315,7 @@ TEST_P(CApiConformanceTest, DeviceExhaustionIsResourceExhaustedWithXlaText) {
   EXPECT_EQ(r.code, TPUSHIM_CODE_RESOURCE_EXHAUSTED);
   EXPECT_THAT(r.message, HasSubstr("Error allocating device buffer: "
                                    "Attempting to allocate "));
-  EXPECT_THAT(r.message,
-              HasSubstr(". That was not possible. There are "));
+  EXPECT_THAT(r.message, HasSubstr(". That was not possible. There are "));
   EXPECT_THAT(r.message, HasSubstr("free.; (0x0x" +
                                    std::to_string(LastDevice()) + "_HBM0)"));
 }
@@ -1623,6 +1621,57 @@ TEST_P(CApiConformanceTest, OptionArraysAreChecked) {
   const Result r = Take(api_->System_Create(&a));
   EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT);
   EXPECT_THAT(r.message, HasSubstr("TPU_MIN_LOG_LEVEL"));
+}
+
+// 1.1: a progress callback sees the region populated, in order, and then
+// the end of start-up.
+TEST_P(CApiConformanceTest, StartupProgressIsReported) {
+  if (api_->api_minor < 1) GTEST_SKIP() << "a 1.0 library has no progress";
+  struct Seen {
+    std::vector<TpuShim_StartupProgress> calls;
+  } seen;
+  const Options options = SmallOptions(TestDevice(), 16 * kMiB);
+  std::vector<TpuShim_Option> c;
+  for (const auto& [name, value] : options) {
+    c.push_back({name.c_str(), value.c_str()});
+  }
+  TpuShim_System_Create_Args a{};
+  a.struct_size = sizeof(a);
+  a.options = c.data();
+  a.num_options = c.size();
+  a.progress = [](const TpuShim_StartupProgress* p, void* user_data) {
+    static_cast<Seen*>(user_data)->calls.push_back(*p);
+  };
+  a.progress_user_data = &seen;
+  ASSERT_TRUE(Take(api_->System_Create(&a)).ok());
+  systems_.push_back(a.system);
+  ASSERT_GE(seen.calls.size(), 2u);
+  EXPECT_EQ(seen.calls.front().phase, 0);
+  EXPECT_EQ(seen.calls.front().done_bytes, 0u);
+  EXPECT_EQ(seen.calls.back().phase, 1);
+  EXPECT_EQ(seen.calls.back().done_bytes, 16 * kMiB);
+  for (size_t i = 0; i < seen.calls.size(); ++i) {
+    const TpuShim_StartupProgress& p = seen.calls[i];
+    EXPECT_EQ(p.struct_size, sizeof(TpuShim_StartupProgress));
+    EXPECT_EQ(p.total_bytes, 16 * kMiB);
+    EXPECT_LE(p.done_bytes, p.total_bytes);
+    if (i > 0) {
+      EXPECT_GE(p.done_bytes, seen.calls[i - 1].done_bytes);
+      EXPECT_GE(p.elapsed_seconds, seen.calls[i - 1].elapsed_seconds);
+    }
+  }
+  // Only the last call is phase 1, and the one before it is all done.
+  for (size_t i = 0; i + 1 < seen.calls.size(); ++i) {
+    EXPECT_EQ(seen.calls[i].phase, 0);
+  }
+  EXPECT_EQ(seen.calls[seen.calls.size() - 2].done_bytes, 16 * kMiB);
+
+  // A 1.0-sized struct has no callback: the fields are not read.
+  seen.calls.clear();
+  a.struct_size = TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE;
+  ASSERT_TRUE(Take(api_->System_Create(&a)).ok());
+  systems_.push_back(a.system);
+  EXPECT_TRUE(seen.calls.empty());
 }
 
 TEST_P(CApiConformanceTest, LaterOptionWins) {

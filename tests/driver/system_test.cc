@@ -4,8 +4,9 @@
 
 #include "tpushim/system.h"
 
-#include <cstring>
 #include <regex.h>
+
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,46 @@ void ExpectInOrder(const std::string& text,
   }
 }
 
+// Start-up progress: the region populated in order, 0 to all of it, then
+// kDone; and kDone with what was done when start-up fails.
+TEST(SystemTest, ReportsStartupProgress) {
+  ScopedTestLogging logs;
+  FixedEnvironmentOs os(Os::Default());
+  std::vector<StartupProgress> seen;
+  auto system = SystemFactory::Create(
+      Small(32 * kMiB), &os, nullptr,
+      [&seen](const StartupProgress& p) { seen.push_back(p); });
+  ASSERT_TRUE(system.ok()) << system.status();
+  ASSERT_GE(seen.size(), 3u);
+  // At most about 20 a second, besides the first, the last byte and kDone.
+  EXPECT_LE(seen.size(),
+            3 + 20 * absl::ToDoubleSeconds(seen.back().elapsed) + 1);
+  EXPECT_EQ(seen.front().phase, StartupProgress::Phase::kPremapping);
+  EXPECT_EQ(seen.front().done_bytes, 0u);
+  EXPECT_EQ(seen[seen.size() - 2].done_bytes, 32 * kMiB);
+  EXPECT_EQ(seen.back().phase, StartupProgress::Phase::kDone);
+  for (size_t i = 0; i < seen.size(); ++i) {
+    EXPECT_EQ(seen[i].total_bytes, 32 * kMiB);
+    if (i > 0) {
+      EXPECT_GE(seen[i].done_bytes, seen[i - 1].done_bytes);
+      EXPECT_GE(seen[i].elapsed, seen[i - 1].elapsed);
+    }
+    if (i + 1 < seen.size()) {
+      EXPECT_EQ(seen[i].phase, StartupProgress::Phase::kPremapping);
+    }
+  }
+
+  seen.clear();
+  OptionOverrides bad = Small();
+  bad.device = "sim://?devices=0";
+  EXPECT_FALSE(SystemFactory::Create(
+                   bad, &os, nullptr,
+                   [&seen](const StartupProgress& p) { seen.push_back(p); })
+                   .ok());
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back().phase, StartupProgress::Phase::kDone);
+}
+
 TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
   ScopedTestLogging logs;
   FixedEnvironmentOs os(Os::Default());
@@ -69,8 +110,7 @@ TEST(SystemTest, LogsTheStartupLinesInLibtpuOrder) {
                  "size: 8388608\n"});
   // Nine decimals, as libtpu prints them.
   regex_t re;
-  ASSERT_EQ(regcomp(&re, "and it took [0-9]+\\.[0-9]{9}s\n", REG_EXTENDED),
-            0);
+  ASSERT_EQ(regcomp(&re, "and it took [0-9]+\\.[0-9]{9}s\n", REG_EXTENDED), 0);
   EXPECT_EQ(regexec(&re, info.c_str(), 0, nullptr, 0), 0) << info;
   regfree(&re);
   EXPECT_GT((*system)->init_time(), absl::ZeroDuration());
@@ -87,11 +127,11 @@ TEST(SystemTest, LogsEverySettingWithItsSourceOnceBeforeTheStartupLines) {
   ASSERT_TRUE(system.ok()) << system.status();
   const std::string info = logs.File("INFO");
   // The resolved value of every setting and its source, logged once.
-  ExpectInOrder(info, {"] tpushim configuration: "
-                       "TPU_PREMAPPED_BUFFER_SIZE=8388608 (api), ",
-                       "TPUSHIM_LOG_KEEP=7 (env), ",
-                       "TPUSHIM_HUGEPAGES=auto (default), ",
-                       "] TPU premapped buffer enabled. Size: 8388608"});
+  ExpectInOrder(
+      info, {"] tpushim configuration: "
+             "TPU_PREMAPPED_BUFFER_SIZE=8388608 (api), ",
+             "TPUSHIM_LOG_KEEP=7 (env), ", "TPUSHIM_HUGEPAGES=auto (default), ",
+             "] TPU premapped buffer enabled. Size: 8388608"});
   size_t lines = 0;
   for (size_t at = info.find("] tpushim configuration: ");
        at != std::string::npos;
@@ -208,8 +248,8 @@ TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
   auto pending = (*slow)->TransferToDevice(host.data(), *a, 0, 4096);
   ASSERT_TRUE(pending.ok());
   ASSERT_FALSE(pending->IsReady());
-  auto refused = (*other)->TransferToDevice(host.data(), *b, 0, 4096,
-                                            {*pending});
+  auto refused =
+      (*other)->TransferToDevice(host.data(), *b, 0, 4096, {*pending});
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("another system"));
@@ -217,8 +257,8 @@ TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
             absl::StatusCode::kInvalidArgument);
   // Once ready, it is an ordinary (ready) dependency.
   ASSERT_TRUE(pending->Await().ok());
-  auto accepted = (*other)->TransferToDevice(host.data(), *b, 0, 4096,
-                                             {*pending});
+  auto accepted =
+      (*other)->TransferToDevice(host.data(), *b, 0, 4096, {*pending});
   ASSERT_TRUE(accepted.ok()) << accepted.status();
   EXPECT_TRUE(accepted->Await().ok());
 }
