@@ -318,13 +318,14 @@ inline uint64_t RoundDownTo(uint64_t n, uint64_t block) {
 }
 
 // Picks a size and offset, whole `block`s, for a transfer into a buffer of
-// `capacity` bytes (a multiple of `block`).
+// `capacity` bytes (a multiple of `block`): all of it one time in eight
+// (the low 3 bits of `r1`), else log-uniform (its top 53 bits, which is
+// what LogUniform reads).
 inline std::pair<uint64_t, uint64_t> SizeAndOffset(uint64_t capacity,
                                                    uint64_t r1, uint64_t r2,
                                                    uint64_t block) {
   const uint64_t size =
-      r1 % 8 == 0 ? capacity
-                  : RoundUpTo(LogUniform(r1 >> 3, 1, capacity), block);
+      r1 % 8 == 0 ? capacity : RoundUpTo(LogUniform(r1, 1, capacity), block);
   return {size, RoundDownTo(Uniform(r2, 0, capacity - size), block)};
 }
 
