@@ -51,8 +51,9 @@ h2d -> d2d -> d2h with wait_for on temporary buffers, and awaits (blocking,
 timed, callbacks). Every byte read back is hash-checked (XXH3) against what
 was sent; every failure must be a clean status of an expected code
 (RESOURCE_EXHAUSTED, CANCELLED; with --faults also INTERNAL, UNAVAILABLE,
-any code= of a rule, or a status marked "[injected: ...]"); every event is
-awaited within 30 s. At the end every buffer is freed, the system's stats
+any code= of a rule, or a status marked "[injected: ...]"; with the region
+off, pinned host allocations fail with FAILED_PRECONDITION and nothing
+else); every event is awaited within 30 s. At the end every buffer is freed, the system's stats
 must reconcile to zero (region, queues, pinned bytes, HBM) and, once it is
 destroyed, nothing may stay mapped, locked or pinned.
 
@@ -270,6 +271,7 @@ void RunStress(StressFlags flags, CommandContext& context) {
 
   Shared shared;
   shared.faults = !resolved->faults.value.empty();
+  shared.region = resolved->premapped_region_enabled();
   for (const FaultRule& rule : resolved->faults.value.rules) {
     if (rule.code.has_value()) shared.rule_codes.push_back(*rule.code);
   }

@@ -11,7 +11,10 @@
 //    (computed at submission); reading it back, directly or after
 //    device→device copies, must give the same hash;
 //  * every failure is a clean status of an expected code:
-//      allocations                 RESOURCE_EXHAUSTED
+//      allocations                 RESOURCE_EXHAUSTED; with --faults also
+//                                  any status carrying the marker below;
+//                                  with the region off, AllocatePinnedHost
+//                                  FAILED_PRECONDITION and nothing else
 //      transfers, deallocations    RESOURCE_EXHAUSTED, CANCELLED; with
 //                                  --faults also INTERNAL, UNAVAILABLE, any
 //                                  code= a rule names, and any status

@@ -437,7 +437,7 @@ std::optional<Event> Worker::AwaitTarget(const EventRef& ref) {
 void Worker::AllocPinned(const RecordedOp& op) {
   absl::StatusOr<PinnedHostBuffer> b =
       s_.system->AllocatePinnedHost(op.size, op.alignment);
-  Count(b.status(), Shared::Kind::kAllocation, "AllocatePinnedHost");
+  Count(b.status(), Shared::Kind::kPinnedAllocation, "AllocatePinnedHost");
   OpResult(CodeIndex(b.status()));
   if (!b.ok()) return;
   if (b->size() < op.size ||

@@ -1,16 +1,54 @@
-// What a `tpushim stress` worker (tools/stress_worker.h) draws: the sizes
-// of its transfers.
+// What a `tpushim stress` worker (tools/stress_worker.h) expects and draws:
+// which statuses count as expected failures for each kind of call and
+// configuration, and the sizes it draws for transfers.
 
 #include <algorithm>
 #include <cstdint>
 #include <random>
 #include <utility>
 
+#include "absl/status/status.h"
 #include "gtest/gtest.h"
 #include "tools/stress_worker.h"
 
 namespace tpushim::tools::stress_internal {
 namespace {
+
+using Kind = Shared::Kind;
+
+TEST(StressExpectedTest, RegionOffPinnedAllocationsFailWithFailedPrecondition) {
+  Shared off;
+  off.region = false;
+  const absl::Status precondition = absl::FailedPreconditionError(
+      "Cannot allocate a pinned host buffer: the premapped region is off");
+  // The documented failure, and nothing else, not even success.
+  EXPECT_TRUE(off.Expected(precondition, Kind::kPinnedAllocation));
+  EXPECT_FALSE(off.Expected(absl::OkStatus(), Kind::kPinnedAllocation));
+  EXPECT_FALSE(off.Expected(absl::ResourceExhaustedError("full"),
+                            Kind::kPinnedAllocation));
+  off.faults = true;
+  EXPECT_TRUE(off.Expected(precondition, Kind::kPinnedAllocation));
+  EXPECT_FALSE(off.Expected(absl::OkStatus(), Kind::kPinnedAllocation));
+  // Device memory and transfers do not depend on the region.
+  EXPECT_FALSE(off.Expected(precondition, Kind::kAllocation));
+  EXPECT_FALSE(off.Expected(precondition, Kind::kOperation));
+  EXPECT_TRUE(off.Expected(absl::OkStatus(), Kind::kAllocation));
+}
+
+TEST(StressExpectedTest, RegionOnPinnedAllocationsFailOnlyWhenFull) {
+  Shared on;
+  EXPECT_TRUE(on.Expected(absl::OkStatus(), Kind::kPinnedAllocation));
+  EXPECT_TRUE(on.Expected(absl::ResourceExhaustedError("full"),
+                          Kind::kPinnedAllocation));
+  EXPECT_FALSE(on.Expected(absl::FailedPreconditionError("off"),
+                           Kind::kPinnedAllocation));
+  EXPECT_FALSE(on.Expected(absl::InternalError("x [injected: alloc:nth=1]"),
+                           Kind::kPinnedAllocation));
+  on.faults = true;
+  EXPECT_TRUE(on.Expected(absl::InternalError("x [injected: alloc:nth=1]"),
+                          Kind::kPinnedAllocation));
+  EXPECT_FALSE(on.Expected(absl::InternalError("x"), Kind::kPinnedAllocation));
+}
 
 // A transfer into part of a buffer is drawn log-uniform over [1, capacity]:
 // about half of the sizes into a 1 MiB buffer are 1 KiB or more, and some
