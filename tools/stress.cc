@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -15,8 +16,10 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "common/status_macros.h"
 #include "driver/system_internal.h"
 #include "env/fault_injection.h"
 #include "env/options.h"
@@ -61,16 +64,23 @@ Stress defaults (when the environment does not set them): TPUSHIM_DEVICE
 sim://?devices=2&hbm=256M, a 64M premapped region with a 4M transfer
 threshold, so transfers take all three paths (zero-copy from pinned host
 buffers, staged up to the threshold, pinned above it). --region-bytes and
---threshold override the environment. --faults wins over TPUSHIM_FAULTS;
-a start-up that fails with an injected fault (e.g. --faults 'mmap:nth=1')
-is an expected, clean failure. Unless TPU_STDERR_LOG_LEVEL is set, only
+--threshold override the environment: the region is whole 4K pages (a
+multiple of 4096 bytes), 0 for no region; the threshold is at least 1
+while there is a region, and one above the region is clamped to it.
+--faults wins over TPUSHIM_FAULTS; a start-up that fails with an injected
+fault (e.g. --faults 'mmap:nth=1') is an expected, clean failure. Any
+other failed start-up (e.g. a region the host cannot hold) is an error,
+printed with its code ("tpushim: cannot start the runtime:
+RESOURCE_EXHAUSTED: ..."), exit 1. Unless TPU_STDERR_LOG_LEVEL is set, only
 FATAL log lines go to stderr (expected failures are logged at ERROR, to the
 log files in TPU_LOG_DIR).
 
 Output: tables of operations by status code and the checks; --json one
 object, --csv rows section,name,code,count. A progress bar goes to stderr
-when it is a terminal. On a violation the seed and the smallest command
-reproducing it are printed (with --record, also the replay command).
+when it is a terminal. On a violation the seed and the shortest prefix of
+the run that reaches it (--seed and --ops; with several threads timing may
+change what it meets) are printed; with --record also the command that
+replays the record.
 
 --record FILE writes, once the run ends (pass or fail), its configuration
 and every operation each worker issued, as JSON lines: the global order,
@@ -92,7 +102,8 @@ names the first. It checks the same invariants. A malformed, truncated or
 other-version record is refused (exit 2).
 
 Exit status: 0 when no invariant was violated (expected failures included);
-1 on any violation; 2 for a bad command line or invalid configuration.
+1 on any violation, or when the runtime cannot start; 2 for a bad command
+line or invalid configuration.
 
 Examples:
   tpushim stress                                   # 10000 ops, 4 threads
@@ -203,6 +214,284 @@ absl::Status WriteRecordFile(Os& os, int fd, const StressRecord& record) {
   return status.ok() ? closed : status;
 }
 
+// ---- Configuration ---------------------------------------------------------
+
+// How a run starts its system, and what it expects to fail.
+struct RunConfig {
+  OptionOverrides overrides;
+  bool faults = false;
+  bool region = true;
+  std::vector<absl::StatusCode> rule_codes;
+};
+
+// --region-bytes, a byte size the flag's parser accepted: the runtime takes
+// whole 4 KiB pages, or 0 for no region.
+absl::StatusOr<uint64_t> RegionBytesFlag(const std::string& text) {
+  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t bytes,
+                           ParseByteSize(text, "--region-bytes"));
+  const uint64_t below = bytes - bytes % kPremappedSizeMultiple;
+  if (below == bytes) return bytes;
+  std::string message = absl::StrCat(
+      "--region-bytes must be a multiple of ", kPremappedSizeMultiple,
+      " bytes (4 KiB pages), got \"", text, "\"");
+  if (text != absl::StrCat(bytes)) {
+    absl::StrAppend(&message, " (", bytes, " bytes)");
+  }
+  if (below > std::numeric_limits<uint64_t>::max() - kPremappedSizeMultiple) {
+    absl::StrAppend(&message, "; the nearest valid value is ", below);
+  } else {
+    absl::StrAppend(&message, "; the nearest valid values are ", below, " and ",
+                    below + kPremappedSizeMultiple);
+  }
+  absl::StrAppend(&message, "; 0 turns the region off");
+  return absl::InvalidArgumentError(message);
+}
+
+// --threshold, a byte size the flag's parser accepted, with a region of
+// `region_bytes`. Above the region it is clamped to it, as the runtime
+// does.
+absl::StatusOr<uint64_t> ThresholdFlag(const std::string& text,
+                                       uint64_t region_bytes) {
+  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t bytes,
+                           ParseByteSize(text, "--threshold"));
+  if (bytes > 0 || region_bytes == 0) return bytes;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "--threshold must be at least 1 byte while the premapped region is on "
+      "(it is the largest allocation from the region, and host transfers "
+      "above it take the pinned path), got \"",
+      text, "\""));
+}
+
+// Fills `config` and the configuration fields of `report` (faults, device,
+// region, threshold) from the flags and `options` (the environment); a
+// replay's device is the recorded one. INVALID_ARGUMENT for a bad
+// --region-bytes or --threshold, or a setting the runtime refuses.
+absl::Status Configure(const StressFlags& flags, const Options& options,
+                       const StressRecord* replay, Os& os, RunConfig& config,
+                       Report& report) {
+  OptionOverrides& overrides = config.overrides;
+  if (replay != nullptr) {
+    overrides.device = replay->config.device;
+  } else if (options.device.source == OptionSource::kDefault) {
+    overrides.device = kDefaultDevice;
+  }
+  const bool region_default =
+      options.premapped_buffer_size.source == OptionSource::kDefault;
+  if (!flags.region_bytes.empty()) {
+    TPUSHIM_ASSIGN_OR_RETURN(overrides.premapped_buffer_size,
+                             RegionBytesFlag(flags.region_bytes));
+  } else if (region_default) {
+    overrides.premapped_buffer_size = kDefaultRegionBytes;
+  }
+  if (!flags.threshold.empty()) {
+    TPUSHIM_ASSIGN_OR_RETURN(
+        overrides.premapped_buffer_transfer_threshold_bytes,
+        ThresholdFlag(flags.threshold,
+                      overrides.premapped_buffer_size.value_or(
+                          options.premapped_buffer_size.value)));
+  } else if (region_default && flags.region_bytes.empty() &&
+             options.premapped_buffer_transfer_threshold_bytes.source ==
+                 OptionSource::kDefault) {
+    overrides.premapped_buffer_transfer_threshold_bytes =
+        kDefaultThresholdBytes;
+  }
+  if (flags.faults_given) overrides.faults = flags.faults;
+  // Expected failures are logged at ERROR; keep them in the log files, off
+  // the terminal, unless TPU_STDERR_LOG_LEVEL says otherwise.
+  if (options.stderr_log_level.source == OptionSource::kDefault) {
+    overrides.stderr_log_level = 3;
+  }
+  // Resolve once more to validate what the flags set and learn the faults.
+  TPUSHIM_ASSIGN_OR_RETURN(const Options resolved,
+                           ResolveOptions(os, overrides));
+  report.faults = resolved.faults.value.text;
+  report.device = resolved.device.value.text;
+  report.region_bytes = resolved.premapped_buffer_size.value;
+  report.threshold_bytes =
+      resolved.premapped_buffer_transfer_threshold_bytes.value;
+  config.faults = !resolved.faults.value.empty();
+  config.region = resolved.premapped_region_enabled();
+  for (const FaultRule& rule : resolved.faults.value.rules) {
+    if (rule.code.has_value()) config.rule_codes.push_back(*rule.code);
+  }
+  return absl::OkStatus();
+}
+
+// ---- One run ---------------------------------------------------------------
+
+// How a failed start-up counts: an invalid configuration (exit 2), the
+// expected, clean failure an injected fault causes (a report, exit 0), or
+// the runtime cannot start here (exit 1).
+enum class StartupFailure { kInvalid, kInjected, kCannotStart };
+
+StartupFailure ClassifyStartup(const absl::Status& status, bool faults) {
+  const bool injected = absl::StrContains(status.message(), "[injected: ");
+  if (injected && faults) return StartupFailure::kInjected;
+  if (absl::IsInvalidArgument(status) && !injected) {
+    return StartupFailure::kInvalid;
+  }
+  return StartupFailure::kCannotStart;
+}
+
+// Reports a start-up that failed without an injected fault as the status
+// prints itself (its code first, for scripts), with whatever start-up left
+// mapped, locked or pinned, and sets exit status 1.
+void ReportCannotStart(const absl::Status& status, const FaultInjectingOs& os,
+                       bool json, CommandContext& context) {
+  absl::Status s = status;
+  const std::vector<std::string> left = OsFailures(os);
+  if (!left.empty()) {
+    s = absl::Status(status.code(),
+                     absl::StrCat(status.message(), "; and start-up left: ",
+                                  absl::StrJoin(left, ", ")));
+  }
+  if (json) {
+    return ReportError(s, "cannot start the runtime", json, kExitFailure,
+                       context);
+  }
+  *context.err << "tpushim: cannot start the runtime: " << s << "\n";
+  context.exit_code = kExitFailure;
+}
+
+// One run on `system`, whose start-up succeeded or failed cleanly under
+// faults: the workers (drawn, recording, or replaying `*replay`, whose
+// threads' parts move into them), the callbacks and the teardown checks,
+// into `report`, whose configuration fields are set. `start` is when
+// start-up began. Returns the workers, which hold each thread's record and
+// results (none when start-up failed).
+std::vector<std::unique_ptr<Worker>> Execute(
+    absl::StatusOr<std::unique_ptr<System>> system, const RunConfig& config,
+    const StressFlags& flags, StressRecord* replay, bool progress_bar,
+    absl::Time start, FaultInjectingOs& os, Report& report) {
+  std::vector<std::unique_ptr<Worker>> workers;
+  if (!system.ok()) {
+    report.startup = system.status();
+    report.teardown_checked = true;
+    report.teardown_failures = OsFailures(os);
+    return workers;
+  }
+  Shared shared;
+  shared.faults = config.faults;
+  shared.region = config.region;
+  shared.rule_codes = config.rule_codes;
+  report.threshold_bytes = (*system)->transfer_threshold_bytes();
+  shared.system = system->get();
+  shared.devices = (*system)->device_count();
+  for (int d = 0; d < shared.devices; ++d) {
+    shared.block =
+        std::max<uint64_t>(shared.block, (*system)->device(d).block_bytes);
+  }
+  shared.threshold = report.threshold_bytes;
+  LOG(INFO) << "tpushim stress: seed " << report.seed << ", "
+            << (flags.seconds_given ? absl::StrCat(flags.seconds, " s")
+                                    : absl::StrCat(flags.ops, " ops"))
+            << ", " << flags.threads << " threads, faults \"" << report.faults
+            << "\""
+            << (replay != nullptr ? absl::StrCat(", replaying ", flags.replay)
+                                  : "");
+
+  std::optional<absl::Time> deadline;
+  std::unique_ptr<Turnstile> turnstile;
+  uint64_t total_ops = flags.seconds_given ? 0 : flags.ops;
+  if (replay != nullptr) {
+    turnstile = std::make_unique<Turnstile>(Tickets(*replay), flags.threads);
+    shared.turnstile = turnstile.get();
+    total_ops = 0;
+    for (int t = 0; t < flags.threads; ++t) {
+      total_ops += replay->threads[t].ops.size();
+      workers.push_back(
+          std::make_unique<Worker>(shared, t, std::move(replay->threads[t])));
+    }
+  } else {
+    // --seconds is the time for operations: counted from here, after
+    // start-up, which a sanitizer build can slow to a good part of a
+    // short run.
+    if (flags.seconds_given) {
+      deadline = absl::Now() + absl::Seconds(flags.seconds);
+    }
+    const Worker::Mode mode =
+        flags.record.empty() ? Worker::Mode::kDraw : Worker::Mode::kRecord;
+    for (int t = 0; t < flags.threads; ++t) {
+      const uint64_t share =
+          flags.ops / static_cast<uint64_t>(flags.threads) +
+          (static_cast<uint64_t>(t) <
+                   flags.ops % static_cast<uint64_t>(flags.threads)
+               ? 1
+               : 0);
+      workers.push_back(std::make_unique<Worker>(shared, t, mode, report.seed,
+                                                 share, deadline));
+    }
+  }
+  {
+    Progress progress(progress_bar, shared, total_ops, deadline, start);
+    std::vector<std::thread> threads;
+    for (auto& w : workers) threads.emplace_back([&w] { w->Run(); });
+    for (std::thread& t : threads) t.join();
+  }
+  for (auto& w : workers) report.counters.Merge(w->counters());
+
+  // Callbacks run on the callback thread once their event is ready.
+  const absl::Time cb_deadline = absl::Now() + kHangBound;
+  while (shared.callbacks_run.load() < shared.callbacks_added.load() &&
+         absl::Now() < cb_deadline) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  report.callbacks_added = shared.callbacks_added.load();
+  report.callbacks_run = shared.callbacks_run.load();
+  if (report.callbacks_run != report.callbacks_added) {
+    report.teardown_failures.push_back(
+        absl::StrCat(report.callbacks_added - report.callbacks_run,
+                     " callbacks did not run within 30 s"));
+  }
+  if (shared.callbacks_wrong.load() > 0) {
+    report.teardown_failures.push_back(
+        absl::StrCat(shared.callbacks_wrong.load(),
+                     " callbacks ran with a status other than their "
+                     "event's, before it was ready, or twice"));
+  }
+
+  // Stats may trail the last event by a moment: poll briefly.
+  std::vector<std::string> stats_failures;
+  const absl::Time stats_deadline = absl::Now() + absl::Seconds(5);
+  do {
+    const SystemStats stats = (*system)->GetStats();
+    for (int d = 0; d < 2; ++d) {
+      for (int k = 0; k < kTransferPathCount; ++k) {
+        report.paths[d][k] = stats.transfers.host[d][k].transfers;
+      }
+    }
+    report.d2d_transfers = stats.transfers.device_to_device.transfers;
+    stats_failures = StatsFailures(stats);
+    if (stats_failures.empty()) break;
+    absl::SleepFor(absl::Milliseconds(5));
+  } while (absl::Now() < stats_deadline);
+  system->reset();
+  report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  for (std::string& f : stats_failures) {
+    report.teardown_failures.push_back(std::move(f));
+  }
+  for (std::string& f : OsFailures(os)) {
+    report.teardown_failures.push_back(std::move(f));
+  }
+  report.teardown_checked = true;
+  return workers;
+}
+
+// Each worker's part of the record, taken from it, with every operation's
+// result the one it had in this run.
+std::vector<ThreadRecord> TakeRecords(
+    std::vector<std::unique_ptr<Worker>>& workers) {
+  std::vector<ThreadRecord> threads;
+  for (auto& w : workers) {
+    ThreadRecord thread = std::move(w->record());
+    for (RecordedOp& op : thread.ops) op.result = w->results()[op.index];
+    threads.push_back(std::move(thread));
+  }
+  return threads;
+}
+
+// ---- Running the command ---------------------------------------------------
+
 void RunStress(StressFlags flags, CommandContext& context) {
   auto usage = [&](const absl::Status& s) {
     ReportError(s, "invalid configuration", flags.json, kExitUsage, context);
@@ -227,62 +516,32 @@ void RunStress(StressFlags flags, CommandContext& context) {
                     ? flags.seed
                     : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()) &
                                             0xffffffffffff);
-
-  OptionOverrides overrides;
-  if (replay.has_value()) {
-    overrides.device = replay->config.device;
-  } else if (options->device.source == OptionSource::kDefault) {
-    overrides.device = kDefaultDevice;
-  }
-  const bool region_default =
-      options->premapped_buffer_size.source == OptionSource::kDefault;
-  if (!flags.region_bytes.empty()) {
-    absl::StatusOr<uint64_t> b =
-        ParseByteSize(flags.region_bytes, "--region-bytes");
-    if (!b.ok()) return usage(b.status());
-    overrides.premapped_buffer_size = *b;
-  } else if (region_default) {
-    overrides.premapped_buffer_size = kDefaultRegionBytes;
-  }
-  if (!flags.threshold.empty()) {
-    absl::StatusOr<uint64_t> b = ParseByteSize(flags.threshold, "--threshold");
-    if (!b.ok()) return usage(b.status());
-    overrides.premapped_buffer_transfer_threshold_bytes = *b;
-  } else if (region_default && flags.region_bytes.empty() &&
-             options->premapped_buffer_transfer_threshold_bytes.source ==
-                 OptionSource::kDefault) {
-    overrides.premapped_buffer_transfer_threshold_bytes =
-        kDefaultThresholdBytes;
-  }
-  if (flags.faults_given) overrides.faults = flags.faults;
-  // Expected failures are logged at ERROR; keep them in the log files, off
-  // the terminal, unless TPU_STDERR_LOG_LEVEL says otherwise.
-  if (options->stderr_log_level.source == OptionSource::kDefault) {
-    overrides.stderr_log_level = 3;
-  }
-  // Resolve once more to validate what the flags set and learn the faults.
-  absl::StatusOr<Options> resolved = ResolveOptions(*context.os, overrides);
-  if (!resolved.ok()) return usage(resolved.status());
-  report.faults = resolved->faults.value.text;
-  report.device = resolved->device.value.text;
-  report.region_bytes = resolved->premapped_buffer_size.value;
-  report.threshold_bytes =
-      resolved->premapped_buffer_transfer_threshold_bytes.value;
-
-  Shared shared;
-  shared.faults = !resolved->faults.value.empty();
-  shared.region = resolved->premapped_region_enabled();
-  for (const FaultRule& rule : resolved->faults.value.rules) {
-    if (rule.code.has_value()) shared.rule_codes.push_back(*rule.code);
+  RunConfig config;
+  const absl::Status configured =
+      Configure(flags, *options, replay.has_value() ? &*replay : nullptr,
+                *context.os, config, report);
+  if (!configured.ok()) {
+    // A bad --region-bytes or --threshold is the command line's fault.
+    return ReportError(configured,
+                       absl::StartsWith(configured.message(), "--")
+                           ? "invalid command line"
+                           : "invalid configuration",
+                       flags.json, kExitUsage, context);
   }
 
   FaultInjectingOs& os = TrackingOs(context.os);
   const absl::Time start = absl::Now();
   absl::StatusOr<std::unique_ptr<System>> system =
-      SystemFactory::Create(overrides, &os);
-  if (!system.ok() && absl::IsInvalidArgument(system.status()) &&
-      !absl::StrContains(system.status().message(), "[injected: ")) {
-    return usage(system.status());
+      SystemFactory::Create(config.overrides, &os);
+  if (!system.ok()) {
+    switch (ClassifyStartup(system.status(), config.faults)) {
+      case StartupFailure::kInvalid:
+        return usage(system.status());
+      case StartupFailure::kCannotStart:
+        return ReportCannotStart(system.status(), os, flags.json, context);
+      case StartupFailure::kInjected:
+        break;  // reported, with the checks that it left nothing behind
+    }
   }
   // Opened once the configuration proved valid, before the run: a record
   // that cannot be written fails at once, not after a long run.
@@ -295,119 +554,9 @@ void RunStress(StressFlags flags, CommandContext& context) {
     }
     record_fd = *fd;
   }
-
-  std::vector<std::unique_ptr<Worker>> workers;
-  if (!system.ok()) {
-    report.startup = system.status();
-    report.startup_expected =
-        shared.faults &&
-        absl::StrContains(system.status().message(), "[injected: ");
-    report.teardown_checked = true;
-    report.teardown_failures = OsFailures(os);
-  } else {
-    report.threshold_bytes = (*system)->transfer_threshold_bytes();
-    shared.system = system->get();
-    shared.devices = (*system)->device_count();
-    for (int d = 0; d < shared.devices; ++d) {
-      shared.block =
-          std::max<uint64_t>(shared.block, (*system)->device(d).block_bytes);
-    }
-    shared.threshold = report.threshold_bytes;
-    LOG(INFO) << "tpushim stress: seed " << report.seed << ", "
-              << (flags.seconds_given ? absl::StrCat(flags.seconds, " s")
-                                      : absl::StrCat(flags.ops, " ops"))
-              << ", " << flags.threads << " threads, faults \"" << report.faults
-              << "\""
-              << (replay.has_value()
-                      ? absl::StrCat(", replaying ", flags.replay)
-                      : "");
-
-    std::optional<absl::Time> deadline;
-    std::unique_ptr<Turnstile> turnstile;
-    uint64_t total_ops = flags.seconds_given ? 0 : flags.ops;
-    if (replay.has_value()) {
-      turnstile = std::make_unique<Turnstile>(Tickets(*replay), flags.threads);
-      shared.turnstile = turnstile.get();
-      total_ops = 0;
-      for (int t = 0; t < flags.threads; ++t) {
-        total_ops += replay->threads[t].ops.size();
-        workers.push_back(
-            std::make_unique<Worker>(shared, t, std::move(replay->threads[t])));
-      }
-    } else {
-      // --seconds is the time for operations: counted from here, after
-      // start-up, which a sanitizer build can slow to a good part of a
-      // short run.
-      if (flags.seconds_given) {
-        deadline = absl::Now() + absl::Seconds(flags.seconds);
-      }
-      const Worker::Mode mode =
-          flags.record.empty() ? Worker::Mode::kDraw : Worker::Mode::kRecord;
-      for (int t = 0; t < flags.threads; ++t) {
-        const uint64_t share =
-            flags.ops / static_cast<uint64_t>(flags.threads) +
-            (static_cast<uint64_t>(t) <
-                     flags.ops % static_cast<uint64_t>(flags.threads)
-                 ? 1
-                 : 0);
-        workers.push_back(std::make_unique<Worker>(shared, t, mode, report.seed,
-                                                   share, deadline));
-      }
-    }
-    {
-      Progress progress(!flags.no_progress && isatty(2) == 1, shared, total_ops,
-                        deadline, start);
-      std::vector<std::thread> threads;
-      for (auto& w : workers) threads.emplace_back([&w] { w->Run(); });
-      for (std::thread& t : threads) t.join();
-    }
-    for (auto& w : workers) report.counters.Merge(w->counters());
-
-    // Callbacks run on the callback thread once their event is ready.
-    const absl::Time cb_deadline = absl::Now() + kHangBound;
-    while (shared.callbacks_run.load() < shared.callbacks_added.load() &&
-           absl::Now() < cb_deadline) {
-      absl::SleepFor(absl::Milliseconds(1));
-    }
-    report.callbacks_added = shared.callbacks_added.load();
-    report.callbacks_run = shared.callbacks_run.load();
-    if (report.callbacks_run != report.callbacks_added) {
-      report.teardown_failures.push_back(
-          absl::StrCat(report.callbacks_added - report.callbacks_run,
-                       " callbacks did not run within 30 s"));
-    }
-    if (shared.callbacks_wrong.load() > 0) {
-      report.teardown_failures.push_back(
-          absl::StrCat(shared.callbacks_wrong.load(),
-                       " callbacks ran with a status other than their "
-                       "event's, before it was ready, or twice"));
-    }
-
-    // Stats may trail the last event by a moment: poll briefly.
-    std::vector<std::string> stats_failures;
-    const absl::Time stats_deadline = absl::Now() + absl::Seconds(5);
-    do {
-      const SystemStats stats = (*system)->GetStats();
-      for (int d = 0; d < 2; ++d) {
-        for (int k = 0; k < kTransferPathCount; ++k) {
-          report.paths[d][k] = stats.transfers.host[d][k].transfers;
-        }
-      }
-      report.d2d_transfers = stats.transfers.device_to_device.transfers;
-      stats_failures = StatsFailures(stats);
-      if (stats_failures.empty()) break;
-      absl::SleepFor(absl::Milliseconds(5));
-    } while (absl::Now() < stats_deadline);
-    system->reset();
-    report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    for (std::string& f : stats_failures) {
-      report.teardown_failures.push_back(std::move(f));
-    }
-    for (std::string& f : OsFailures(os)) {
-      report.teardown_failures.push_back(std::move(f));
-    }
-    report.teardown_checked = true;
-  }
+  std::vector<std::unique_ptr<Worker>> workers = Execute(
+      std::move(system), config, flags, replay.has_value() ? &*replay : nullptr,
+      !flags.no_progress && isatty(2) == 1, start, os, report);
 
   // Reproduction: every worker runs the same first operations with
   // --ops = per-worker ops * threads, so the shortest run that reaches the
@@ -471,12 +620,8 @@ void RunStress(StressFlags flags, CommandContext& context) {
     rec.tpushim_version = record.tpushim_version;
     rec.command =
         absl::StrCat("tpushim stress --replay ", ShellQuote(flags.record));
-    for (size_t t = 0; t < workers.size(); ++t) {
-      ThreadRecord& thread = record.threads[t];
-      thread = std::move(workers[t]->record());
-      for (RecordedOp& op : thread.ops) {
-        op.result = workers[t]->results()[op.index];
-      }
+    if (!workers.empty()) record.threads = TakeRecords(workers);
+    for (const ThreadRecord& thread : record.threads) {
       rec.lines += thread.ops.size() + (thread.teardown_seq ? 1 : 0);
     }
     const absl::Status written =

@@ -31,7 +31,12 @@
 //
 // A start-up failure under --faults is an expected, clean failure (exit 0)
 // when its status carries the injected marker and start-up left nothing
-// mapped, locked or pinned; otherwise it is a violation.
+// mapped, locked or pinned (else that is a violation). Any other failed
+// start-up is the runtime's error, not a run: INVALID_ARGUMENT exits
+// kExitUsage as an invalid configuration, anything else (RESOURCE_EXHAUSTED
+// for a region the host cannot hold) kExitFailure, printed as
+//   tpushim: cannot start the runtime: RESOURCE_EXHAUSTED: <message>
+// (with --json the {"error": {"code", "message"}} of tools/command.h).
 //
 // Reproducibility: worker t draws its operations from
 // std::mt19937_64 seeded with (seed, t), a fixed number of draws per
@@ -78,10 +83,12 @@ namespace tpushim::tools {
 //   --seed N           seed (default: derived from the clock; printed)
 //   --faults SPEC      faults to inject (TPUSHIM_FAULTS grammar; wins over
 //                      TPUSHIM_FAULTS)
-//   --region-bytes B   premapped region (default: TPU_PREMAPPED_BUFFER_SIZE,
-//                      else 64M)
-//   --threshold B      transfer threshold (default: the variable, else 4M
-//                      when the region is the stress default)
+//   --region-bytes B   premapped region, a multiple of 4096, 0 for none
+//                      (default: TPU_PREMAPPED_BUFFER_SIZE, else 64M)
+//   --threshold B      transfer threshold, at least 1 with a region; above
+//                      the region it is clamped to it (default: the
+//                      variable, else 4M when the region is the stress
+//                      default)
 //   --record FILE      write the record of the run to FILE at its end
 //   --replay FILE      replay FILE with its configuration (excludes --ops,
 //                      --seconds, --threads, --seed, --faults,
@@ -93,12 +100,15 @@ namespace tpushim::tools {
 //
 // Exit status: kExitOk when no invariant was violated (expected failures
 // included, a cleanly failed start-up under --faults too); kExitFailure on
-// any violation (the seed and the smallest reproduction command are
-// printed; with --record also the replay command), or when the record
-// could not be written; kExitUsage for a bad command line or invalid
-// configuration, a record file that cannot be created, or a --replay file
-// that cannot be read or is malformed, truncated or of another format
-// version.
+// any violation (the seed and the shortest prefix of the run that reaches
+// the first violation are printed; with --record also the command that
+// replays the record), when the runtime cannot
+// start, or when the record could not be written; kExitUsage for a bad
+// command line or invalid configuration (a bad --region-bytes or
+// --threshold names the flag: "--region-bytes must be a multiple of 4096
+// bytes (4 KiB pages), got \"4097\"; ..."), a record file that cannot be
+// created, or a --replay file that cannot be read or is malformed,
+// truncated or of another format version.
 //
 // The --json object (ordered):
 //   {"seed", "ops", "threads", "seconds", "ops_per_second", "faults",
@@ -123,7 +133,9 @@ namespace tpushim::tools {
 // NOT_READY for a timed await that timed out. "by_code" counts every
 // status the runtime returned or an event carried, once each.
 // "reproduce" is a command line that reruns the run, or, after a
-// violation, the shortest prefix of it that reaches the first violation.
+// violation, the shortest prefix of it that reaches the first violation
+// (every worker runs the same first operations; with several threads what
+// they meet may differ with timing).
 // "record" is null without --record and --replay; "lines" counts the
 // record's lines after its header, "tpushim" is the version that recorded
 // it, "replay" the command that replays it, "diverged" (replay) the

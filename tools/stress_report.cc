@@ -133,12 +133,6 @@ Json ReportJson(const Report& r) {
                           {"op", v.op},
                           {"message", v.message}});
   }
-  if (!r.startup_expected) {
-    violations.push_back({{"thread", nullptr},
-                          {"op_index", nullptr},
-                          {"op", "startup"},
-                          {"message", r.startup.ToString()}});
-  }
   for (const std::string& f : r.teardown_failures) {
     violations.push_back({{"thread", nullptr},
                           {"op_index", nullptr},
@@ -247,12 +241,10 @@ void PrintHuman(const Report& r, std::ostream& out) {
                : absl::StrCat(rec.file, ": NOT WRITTEN: ", rec.error)});
     }
   }
-  setup.AddRow({"start-up",
-                r.startup.ok()
-                    ? std::string("OK")
-                    : absl::StrCat(r.startup_expected ? "failed as expected: "
-                                                      : "FAILED (violation): ",
-                                   r.startup.ToString())});
+  setup.AddRow({"start-up", r.startup.ok()
+                                ? std::string("OK")
+                                : absl::StrCat("failed as expected: ",
+                                               r.startup.ToString())});
   setup.Print(out);
 
   if (r.startup.ok()) {
@@ -324,7 +316,6 @@ void PrintHuman(const Report& r, std::ostream& out) {
           << r.counters.violation_count - r.counters.violations.size()
           << " more\n";
     }
-    if (!r.startup_expected) out << "  start-up: " << r.startup << "\n";
     for (const std::string& f : r.teardown_failures) {
       out << "  teardown: " << f << "\n";
     }

@@ -1,9 +1,12 @@
 // `tpushim stress` over every kind of valid configuration must report no
 // violation: a run that counts a documented failure as one is the tool's
-// bug, not the runtime's. The built tool runs as a subprocess, as in
-// stress_test.cc.
+// bug, not the runtime's. Also the configurations that are not valid: a bad
+// --region-bytes or --threshold names the flag (exit 2), and a region the
+// host cannot hold is the runtime's start-up error (exit 1), not a
+// violation. The built tool runs as a subprocess, as in stress_test.cc.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +20,9 @@
 namespace tpushim {
 namespace {
 
+using ::testing::HasSubstr;
+using ::testing::Not;
+using ::testing::StartsWith;
 using testutil::RunSubprocess;
 using testutil::SubprocessResult;
 using testutil::TempDir;
@@ -136,6 +142,88 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<ValidConfig>& param) {
       return param.param.name;
     });
+
+// ---- Start-up ---------------------------------------------------------------
+
+TEST(StressStartupTest, RegionTheHostCannotHoldIsTheRuntimesError) {
+  TempDir logs;
+  SubprocessResult r =
+      RunStress(logs, {"--ops", "100", "--region-bytes", "1T"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  // As the status prints itself: its code first, for scripts to match.
+  EXPECT_THAT(r.err, StartsWith("tpushim: cannot start the runtime: "
+                                "RESOURCE_EXHAUSTED: "));
+  EXPECT_THAT(r.err, HasSubstr("TPU_PREMAPPED_BUFFER_SIZE=1099511627776"));
+  EXPECT_THAT(r.err, Not(HasSubstr("violation")));
+  EXPECT_EQ(r.out, "");
+
+  r = RunStress(logs, {"--ops", "100", "--region-bytes", "1T", "--json"});
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  const Json j = ParseJson(r.out);
+  EXPECT_EQ(j["error"]["code"], "RESOURCE_EXHAUSTED") << r.out;
+  EXPECT_FALSE(j.contains("violations"));
+}
+
+TEST(StressStartupTest, InjectedStartupFailureStaysACleanOutcome) {
+  TempDir logs;
+  const SubprocessResult r =
+      RunStress(logs, {"--ops", "100", "--region-bytes", "1M", "--faults",
+                       "mmap:nth=1", "--json"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const Json j = ParseJson(r.out);
+  EXPECT_EQ(j["startup"]["ok"], false);
+  EXPECT_THAT(j["startup"]["message"].get<std::string>(),
+              HasSubstr("[injected: mmap:nth=1]"));
+  EXPECT_TRUE(j["violations"].empty()) << j["violations"].dump();
+}
+
+// ---- Bad --region-bytes and --threshold -------------------------------------
+
+TEST(StressFlagValuesTest, BadRegionOrThresholdNamesTheFlag) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {{"--region-bytes", "4097"},
+       "--region-bytes must be a multiple of 4096 bytes (4 KiB pages), got "
+       "\"4097\"; the nearest valid values are 4096 and 8192; 0 turns the "
+       "region off"},
+      {{"--region-bytes", "5K"},
+       "--region-bytes must be a multiple of 4096 bytes (4 KiB pages), got "
+       "\"5K\" (5120 bytes); the nearest valid values are 4096 and 8192"},
+      {{"--region-bytes", "1000"},
+       "got \"1000\"; the nearest valid values are 0 and 4096"},
+      {{"--threshold", "0"},
+       "--threshold must be at least 1 byte while the premapped region is "
+       "on (it is the largest allocation from the region, and host "
+       "transfers above it take the pinned path), got \"0\""},
+      {{"--region-bytes", "8M", "--threshold", "0"},
+       "--threshold must be at least 1 byte"},
+  };
+  TempDir logs;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.args.back());
+    std::vector<std::string> args = {"--ops", "10"};
+    args.insert(args.end(), c.args.begin(), c.args.end());
+    SubprocessResult r = RunStress(logs, args);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    EXPECT_THAT(r.err, StartsWith("tpushim: invalid command line: "));
+    EXPECT_THAT(r.err, HasSubstr(c.message));
+    EXPECT_THAT(r.err, Not(HasSubstr("API option")));
+
+    args.push_back("--json");
+    r = RunStress(logs, args);
+    EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+    const Json j = ParseJson(r.out);
+    EXPECT_EQ(j["error"]["code"], "INVALID_ARGUMENT");
+    EXPECT_THAT(j["error"]["message"].get<std::string>(), HasSubstr(c.message));
+  }
+  // With the region off there is no threshold: 0 is fine.
+  const SubprocessResult r = RunStress(
+      logs, {"--ops", "10", "--region-bytes", "0", "--threshold", "0"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
 
 }  // namespace
 }  // namespace tpushim
