@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -25,9 +27,11 @@
 #include "env/options.h"
 #include "logging/log.h"
 #include "nlohmann/json.hpp"
+#include "tools/flags.h"
 #include "tools/stress_internal.h"
 #include "tools/stress_record.h"
 #include "tools/stress_report.h"
+#include "tools/stress_shrink.h"
 #include "tools/stress_worker.h"
 #include "tpushim/stats.h"
 #include "tpushim/system.h"
@@ -79,8 +83,8 @@ Output: tables of operations by status code and the checks; --json one
 object, --csv rows section,name,code,count. A progress bar goes to stderr
 when it is a terminal. On a violation the seed and the shortest prefix of
 the run that reaches it (--seed and --ops; with several threads timing may
-change what it meets) are printed; with --record also the command that
-replays the record.
+change what it meets) are printed; with --record also the commands that
+replay and shrink the record.
 
 --record FILE writes, once the run ends (pass or fail), its configuration
 and every operation each worker issued, as JSON lines: the global order,
@@ -101,6 +105,20 @@ differently: the replay counts those ("diverged"; timed awaits aside) and
 names the first. It checks the same invariants. A malformed, truncated or
 other-version record is refused (exit 2).
 
+--replay FILE --shrink SMALL finds the fewest operations of the record that
+still produce its first violation (the same violation: one of the same
+operation kind whose message is of the same kind, i.e. equal up to its
+first colon, or up to the code of an "unexpected status", with numbers
+left out). It replays subsets of the record in this process, each in a
+fresh system: first what the violating operation needs by its arguments,
+then the operations up to it, then delta debugging (ddmin) until no single
+operation can go or --shrink-seconds (default 60) have passed, which the
+output then says. An operation whose buffer's allocation or event's
+operation is dropped is dropped too. It writes SMALL, a record like any
+other, and replays it once more to check that it reproduces the violation.
+Exit 0 when it does; 1 when it does not, when the record replays without
+a violation (nothing to shrink) or SMALL cannot be written.
+
 Exit status: 0 when no invariant was violated (expected failures included);
 1 on any violation, or when the runtime cannot start; 2 for a bad command
 line or invalid configuration.
@@ -113,6 +131,7 @@ Examples:
   tpushim stress --faults 'mmap:nth=1'             # start-up fails cleanly
   tpushim stress --ops 20000 --record run.jsonl    # then, after a violation:
   tpushim stress --replay run.jsonl                # the same calls, in order
+  tpushim stress --replay run.jsonl --shrink run.small.jsonl   # fewest ops
   tpushim stress --ops 5000 --json | jq '.by_code, .violations')footer";
 
 // ---- The command -----------------------------------------------------------
@@ -212,6 +231,19 @@ absl::Status WriteRecordFile(Os& os, int fd, const StressRecord& record) {
       });
   absl::Status closed = os.Close(fd);
   return status.ok() ? closed : status;
+}
+
+// The command that shrinks the record `file` (--shrink), writing next to it.
+std::string ShrinkCommand(const std::string& file) {
+  std::string shrunk = file;
+  if (absl::EndsWith(shrunk, ".jsonl")) {
+    shrunk.resize(shrunk.size() - 6);
+    shrunk += ".small.jsonl";
+  } else {
+    shrunk += ".small";
+  }
+  return absl::StrCat("tpushim stress --replay ", ShellQuote(file),
+                      " --shrink ", ShellQuote(shrunk));
 }
 
 // ---- Configuration ---------------------------------------------------------
@@ -490,6 +522,161 @@ std::vector<ThreadRecord> TakeRecords(
   return threads;
 }
 
+// ---- Shrinking -------------------------------------------------------------
+
+// Replays `record` in this process, in a fresh system.
+Replayed ReplayOnce(StressRecord record, const RunConfig& config,
+                    const StressFlags& flags, const Report& header,
+                    FaultInjectingOs& os) {
+  Replayed r;
+  Report report = header;
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<System>> system =
+      SystemFactory::Create(config.overrides, &os);
+  if (!system.ok() && ClassifyStartup(system.status(), config.faults) !=
+                          StartupFailure::kInjected) {
+    r.cannot_start = system.status();
+    return r;
+  }
+  std::vector<std::unique_ptr<Worker>> workers =
+      Execute(std::move(system), config, flags, &record,
+              /*progress_bar=*/false, start, os, report);
+  RecordReport compared;
+  for (size_t t = 0; t < workers.size(); ++t) {
+    CompareResults(workers[t]->record(), workers[t]->results(), compared);
+  }
+  r.diverged = compared.diverged;
+  r.threads =
+      workers.empty() ? std::move(record.threads) : TakeRecords(workers);
+  for (const Violation& v : report.counters.violations) {
+    Found f{v, ViolationKind(v.message), std::nullopt};
+    if (v.thread >= 0 && static_cast<size_t>(v.thread) < r.threads.size() &&
+        v.op_index < r.threads[v.thread].ops.size()) {
+      const RecordedOp& op = r.threads[v.thread].ops[v.op_index];
+      if (v.op == OpName(op.op)) f.seq = op.seq;
+    }
+    r.found.push_back(std::move(f));
+  }
+  std::stable_sort(
+      r.found.begin(), r.found.end(), [](const Found& a, const Found& b) {
+        return a.seq.value_or(UINT64_MAX) < b.seq.value_or(UINT64_MAX);
+      });
+  for (const std::string& f : report.teardown_failures) {
+    r.found.push_back({Violation{0, 0, "teardown", f}, ViolationKind(f), {}});
+  }
+  return r;
+}
+
+// --shrink: replays `record` to find its first violation, then subsets of
+// its operations (DeltaDebug, tools/stress_shrink.h), each in a fresh
+// system in this process, keeping those that still produce the same
+// violation (ViolationKind, tools/stress_report.h) until none can lose
+// another operation or --shrink-seconds have passed; writes the smallest
+// to --shrink FILE and replays that file once more to check it.
+void RunShrink(const StressFlags& flags, const RunConfig& config,
+               StressRecord record, const Report& header,
+               CommandContext& context) {
+  Os& files = *context.os;
+  FaultInjectingOs& os = TrackingOs(context.os);
+  const absl::Time start = absl::Now();
+  const absl::Time deadline = start + absl::Seconds(flags.shrink_seconds);
+  absl::StatusOr<int> fd = files.CreateOutputFile(flags.shrink);
+  if (!fd.ok()) {
+    return ReportError(fd.status(), "cannot create the shrunk record",
+                       flags.json, kExitUsage, context);
+  }
+  auto discard = [&files, &flags, fd = *fd] {
+    (void)files.Close(fd);
+    (void)files.Unlink(flags.shrink);
+  };
+  ShrinkReport shrink;
+  shrink.from = flags.replay;
+  shrink.file = flags.shrink;
+  shrink.command =
+      absl::StrCat("tpushim stress --replay ", ShellQuote(flags.shrink));
+  shrink.budget_seconds = flags.shrink_seconds;
+  const std::vector<uint64_t> all = OperationSeqs(record, /*skipped=*/true);
+  shrink.ops_before = all.size();
+
+  Replayed full = ReplayOnce(record, config, flags, header, os);
+  if (!full.cannot_start.ok()) {
+    discard();
+    return ReportCannotStart(full.cannot_start, os, flags.json, context);
+  }
+  if (full.found.empty()) {
+    discard();
+    return ReportError(
+        absl::FailedPreconditionError(absl::StrCat(
+            flags.replay, " replays without a violation: nothing to shrink")),
+        "cannot shrink", flags.json, kExitFailure, context);
+  }
+  const Found target = full.found.front();
+  shrink.violation = target.violation;
+  shrink.kind = target.kind;
+  const bool tty = !flags.no_progress && isatty(2) == 1;
+  ShrinkSearch search = SearchSmallest(
+      record, target, std::move(full.threads),
+      [&](StressRecord part) {
+        return ReplayOnce(std::move(part), config, flags, header, os);
+      },
+      deadline,
+      [tty](size_t smallest, uint64_t replays) {
+        if (!tty) return;
+        std::fprintf(stderr, "\r\033[Kshrink: %zu operations, %llu replays",
+                     smallest, static_cast<unsigned long long>(replays));
+      });
+  if (tty) std::fputs("\r\033[K", stderr);
+  shrink.replays = search.replays;
+  shrink.budget_exhausted = search.budget_exhausted;
+  shrink.minimal = search.minimal;
+  shrink.ops_after = search.items.size();
+
+  StressRecord shrunk;
+  shrunk.tpushim_version = record.tpushim_version;
+  shrunk.config = record.config;
+  shrunk.threads = std::move(search.threads);
+  const absl::Status written = WriteRecordFile(files, *fd, shrunk);
+  if (!written.ok()) shrink.error = written.ToString();
+
+  // The check: the file as written, read back and replayed.
+  if (written.ok()) {
+    absl::StatusOr<StressRecord> reread = LoadRecord(files, flags.shrink);
+    if (!reread.ok()) {
+      shrink.error = absl::StrCat("written, but it does not read back: ",
+                                  reread.status().ToString());
+    } else {
+      Replayed check =
+          ReplayOnce(*std::move(reread), config, flags, header, os);
+      shrink.checked = check.cannot_start.ok();
+      shrink.diverged = check.diverged;
+      const Found* found = FindSame(target, check);
+      if (found != nullptr) shrink.reproduced = found->violation;
+      for (const Found& f : check.found) {
+        if (&f != found && shrink.other.size() < 10) {
+          shrink.other.push_back(f.violation);
+        }
+      }
+    }
+  }
+  shrink.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+
+  if (flags.json) {
+    WriteJson(ShrinkJson(shrink), *context.out);
+  } else {
+    PrintShrink(shrink, *context.out);
+  }
+  if (!shrink.error.empty()) {
+    *context.err << "tpushim stress: cannot write the shrunk record "
+                 << flags.shrink << ": " << shrink.error << "\n";
+  } else if (!shrink.reproduced.has_value()) {
+    *context.err << "tpushim stress: the shrunk record " << flags.shrink
+                 << " does not reproduce the violation when replayed"
+                 << (shrink.checked ? "" : " (the runtime did not start)")
+                 << "\n";
+  }
+  context.exit_code = shrink.ok() ? kExitOk : kExitFailure;
+}
+
 // ---- Running the command ---------------------------------------------------
 
 void RunStress(StressFlags flags, CommandContext& context) {
@@ -527,6 +714,9 @@ void RunStress(StressFlags flags, CommandContext& context) {
                            ? "invalid command line"
                            : "invalid configuration",
                        flags.json, kExitUsage, context);
+  }
+  if (!flags.shrink.empty()) {
+    return RunShrink(flags, config, *std::move(replay), report, context);
   }
 
   FaultInjectingOs& os = TrackingOs(context.os);
@@ -630,6 +820,11 @@ void RunStress(StressFlags flags, CommandContext& context) {
     report.record = std::move(rec);
   }
 
+  // After a violation, a record that can be read can be shrunk.
+  if (report.violations() > 0 && report.record.has_value() &&
+      report.record->error.empty()) {
+    report.record->shrink_command = ShrinkCommand(report.record->file);
+  }
   if (flags.json) {
     WriteJson(ReportJson(report), *context.out);
   } else if (flags.csv) {
@@ -648,7 +843,8 @@ void RunStress(StressFlags flags, CommandContext& context) {
                  << " invariant violations; seed " << report.seed
                  << "; reproduce with: " << report.reproduce;
     if (report.record.has_value() && !record_failed) {
-      *context.err << "; or replay the run: " << report.record->command;
+      *context.err << "; or replay the run: " << report.record->command
+                   << "; shrink it with: " << report.record->shrink_command;
     }
     *context.err << "\n";
     context.exit_code = kExitFailure;
@@ -735,6 +931,19 @@ void RegisterStress(CLI::App& app, CommandContext& context) {
   stress->add_flag("--no-progress", flags->no_progress,
                    "No progress bar on stderr (there is none unless stderr "
                    "is a terminal)");
+  CLI::Option* shrink =
+      stress
+          ->add_option("--shrink", flags->shrink,
+                       "With --replay: shrink the record to the fewest "
+                       "operations that still produce its first violation "
+                       "and write them to FILE")
+          ->type_name("FILE");
+  shrink->needs(replay);
+  shrink->excludes(csv);
+  AddDecimalFlag(stress, "--shrink-seconds", &flags->shrink_seconds,
+                 {.unit = "seconds", .min = 0, .max = 7.0 * 24 * 3600},
+                 "Time budget of --shrink")
+      ->needs(shrink);
   stress->callback([flags, seconds, seed, faults, &context] {
     flags->seconds_given = seconds->count() > 0;
     flags->seed_given = seed->count() > 0;

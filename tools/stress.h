@@ -64,6 +64,17 @@
 // named; later ones may then find a buffer or event missing, and are
 // skipped or issued without it. The invariants are checked as in any run.
 //
+// Shrinking (--replay FILE --shrink SMALL): the replay's first violation
+// (the first issued; a teardown failure after every operation's) is the
+// target; the same violation is one of the same operation kind whose
+// message is of the same kind (ViolationKind, tools/stress_report.h).
+// Subsets of the record's operations are replayed in this process, each in
+// a fresh system, as tools/stress_shrink.h describes, until no single
+// operation can go or --shrink-seconds have passed; the smallest that
+// still produced the violation is written to SMALL (a record like any
+// other, the results those of its replay) and replayed once more from the
+// file, as the check.
+//
 // Thread-safety: single-threaded entry point (it starts and joins its own
 // threads).
 
@@ -93,6 +104,9 @@ namespace tpushim::tools {
 //   --replay FILE      replay FILE with its configuration (excludes --ops,
 //                      --seconds, --threads, --seed, --faults,
 //                      --region-bytes, --threshold; and --record)
+//   --shrink SMALL     with --replay: write the fewest operations of FILE
+//                      that still produce its first violation to SMALL
+//   --shrink-seconds S the time budget of --shrink (default 60)
 //   --json / --csv     machine-readable output instead of tables
 //   --no-progress      no progress bar (there is none when stderr is not a
 //                      terminal anyway)
@@ -101,14 +115,18 @@ namespace tpushim::tools {
 // Exit status: kExitOk when no invariant was violated (expected failures
 // included, a cleanly failed start-up under --faults too); kExitFailure on
 // any violation (the seed and the shortest prefix of the run that reaches
-// the first violation are printed; with --record also the command that
-// replays the record), when the runtime cannot
+// the first violation are printed; with --record or --replay also the
+// commands that replay and shrink the record), when the runtime cannot
 // start, or when the record could not be written; kExitUsage for a bad
 // command line or invalid configuration (a bad --region-bytes or
 // --threshold names the flag: "--region-bytes must be a multiple of 4096
 // bytes (4 KiB pages), got \"4097\"; ..."), a record file that cannot be
 // created, or a --replay file that cannot be read or is malformed,
-// truncated or of another format version.
+// truncated or of another format version. With --shrink: kExitOk when
+// SMALL was written and its check reproduces the violation, kExitFailure
+// when it does not, when FILE replays without a violation (nothing to
+// shrink; then no SMALL is left) or SMALL could not be written,
+// kExitUsage as above or when SMALL cannot be created.
 //
 // The --json object (ordered):
 //   {"seed", "ops", "threads", "seconds", "ops_per_second", "faults",
@@ -125,7 +143,7 @@ namespace tpushim::tools {
 //                      "tpushim", "replay", "diverged",
 //                      "first_divergence": null | {"seq", "thread",
 //                          "op_index", "op", "recorded", "replayed"},
-//                      "error"}}
+//                      "error", "shrink"}}
 // <op> is one of alloc_pinned, free_pinned, alloc_device, free_device,
 // h2d, d2h, d2d, chain, await; an operation's code is the status of its
 // call, or of its event once ready (for a chain, the final d2h's), or
@@ -135,12 +153,27 @@ namespace tpushim::tools {
 // "reproduce" is a command line that reruns the run, or, after a
 // violation, the shortest prefix of it that reaches the first violation
 // (every worker runs the same first operations; with several threads what
-// they meet may differ with timing).
+// they meet may differ with timing: --shrink gives a smaller, exact one).
 // "record" is null without --record and --replay; "lines" counts the
 // record's lines after its header, "tpushim" is the version that recorded
 // it, "replay" the command that replays it, "diverged" (replay) the
 // operations whose result differs from the recorded one, timed awaits
-// aside, and "error" (record) why the file could not be written.
+// aside, "error" (record) why the file could not be written, and "shrink"
+// the command that shrinks it after a violation (else null).
+//
+// With --shrink, --json prints instead (ordered):
+//   {"shrink": {"from", "file", "violation": {"thread", "op_index", "op",
+//               "message"}, "same": {"op", "kind"}, "ops_before",
+//               "ops_after", "replays", "seconds", "budget_seconds",
+//               "budget_exhausted", "minimal", "error",
+//               "check": {"checked", "reproduced", "violation",
+//                         "other_violations", "diverged"},
+//               "replay"}}
+// "violation" is the target, "same" what another must match to be the same
+// ("kind": ViolationKind of its message), "replays" the subsets replayed,
+// "minimal" true when no single operation of SMALL can go, "check" the
+// replay of SMALL as written ("violation": the same one it found, or
+// null).
 //
 // --csv writes `section,name,code,count` rows: section "by_op" (name = the
 // op, code = a code or "count" for the total) and "by_code" (name empty),

@@ -3,7 +3,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <set>
 #include <string>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -42,6 +44,42 @@ int EventCalls(Op op) {
     default:
       return 0;
   }
+}
+
+// The operations `op` names by its arguments — its buffers, host buffers
+// and an await's event — by seq; its "wait_for" aside.
+std::vector<uint64_t> NamedOperations(const RecordedOp& op) {
+  std::vector<uint64_t> seqs;
+  if (op.skipped()) return seqs;
+  auto host = [&seqs](const HostMemory& h) {
+    if (h.pinned.has_value()) seqs.push_back(*h.pinned);
+  };
+  switch (op.op) {
+    case Op::kFreePinned:
+    case Op::kFreeDevice:
+      seqs.push_back(op.buffer);
+      break;
+    case Op::kH2D:
+    case Op::kD2H:
+      seqs.push_back(op.buffer);
+      host(op.host);
+      break;
+    case Op::kD2D:
+      seqs.push_back(op.buffer);
+      seqs.push_back(op.dst_buffer);
+      break;
+    case Op::kChain:
+      host(op.host);
+      host(op.dst_host);
+      break;
+    case Op::kAwait:
+      seqs.push_back(op.event.seq);
+      break;
+    case Op::kAllocPinned:
+    case Op::kAllocDevice:
+      break;
+  }
+  return seqs;
 }
 
 // ---- Writing ---------------------------------------------------------------
@@ -683,6 +721,99 @@ absl::StatusOr<StressRecord> ParseStressRecord(absl::string_view text) {
     }
   }
   return record;
+}
+
+// ---- Parts of a record -----------------------------------------------------
+
+std::vector<uint64_t> OperationSeqs(const StressRecord& record, bool skipped) {
+  std::vector<uint64_t> seqs;
+  for (const ThreadRecord& thread : record.threads) {
+    for (const RecordedOp& op : thread.ops) {
+      if (skipped || !op.skipped()) seqs.push_back(op.seq);
+    }
+  }
+  std::sort(seqs.begin(), seqs.end());
+  return seqs;
+}
+
+StressRecord SubsetRecord(const StressRecord& record,
+                          const std::vector<uint64_t>& keep) {
+  StressRecord part;
+  part.tpushim_version = record.tpushim_version;
+  part.config = record.config;
+  part.threads.resize(record.threads.size());
+  for (size_t t = 0; t < record.threads.size(); ++t) {
+    const ThreadRecord& all = record.threads[t];
+    ThreadRecord& kept = part.threads[t];
+    kept.teardown_seq = all.teardown_seq;
+    // Names only ever point back within the thread, so one pass in order
+    // sees every operation an operation names before it.
+    std::unordered_set<uint64_t> there;
+    for (const RecordedOp& op : all.ops) {
+      if (!std::binary_search(keep.begin(), keep.end(), op.seq)) continue;
+      const std::vector<uint64_t> named = NamedOperations(op);
+      if (!std::all_of(named.begin(), named.end(),
+                       [&there](uint64_t s) { return there.contains(s); })) {
+        continue;
+      }
+      RecordedOp copy = op;
+      copy.index = kept.ops.size();
+      std::erase_if(copy.wait_for, [&there](const EventRef& e) {
+        return !there.contains(e.seq);
+      });
+      there.insert(op.seq);
+      kept.ops.push_back(std::move(copy));
+    }
+  }
+  return part;
+}
+
+std::vector<uint64_t> DependencySlice(const StressRecord& record,
+                                      uint64_t seq) {
+  const std::vector<RecordedOp>* ops = nullptr;
+  const RecordedOp* target = nullptr;
+  auto find = [&ops](uint64_t s) -> const RecordedOp* {
+    const auto it = std::lower_bound(
+        ops->begin(), ops->end(), s,
+        [](const RecordedOp& op, uint64_t x) { return op.seq < x; });
+    return it != ops->end() && it->seq == s ? &*it : nullptr;
+  };
+  for (const ThreadRecord& thread : record.threads) {
+    ops = &thread.ops;
+    target = find(seq);
+    if (target != nullptr) break;
+  }
+  if (target == nullptr) return {};
+  // The last operation before index `before` that wrote device buffer
+  // `buffer`; null when none did since its allocation.
+  auto last_write = [ops](uint64_t buffer, uint64_t before) {
+    for (uint64_t i = before; i-- > 0;) {
+      const RecordedOp& w = (*ops)[i];
+      if (w.seq == buffer) break;
+      if (w.skipped()) continue;
+      if ((w.op == Op::kH2D && w.buffer == buffer) ||
+          (w.op == Op::kD2D && w.dst_buffer == buffer)) {
+        return &w;
+      }
+    }
+    return static_cast<const RecordedOp*>(nullptr);
+  };
+  std::set<uint64_t> slice;
+  std::vector<const RecordedOp*> work = {target};
+  while (!work.empty()) {
+    const RecordedOp* op = work.back();
+    work.pop_back();
+    if (!slice.insert(op->seq).second) continue;
+    for (uint64_t s : NamedOperations(*op)) {
+      if (const RecordedOp* named = find(s)) work.push_back(named);
+    }
+    if (!op->skipped() && (op->op == Op::kD2H || op->op == Op::kD2D)) {
+      if (const RecordedOp* w = last_write(op->buffer, op->index)) {
+        work.push_back(w);
+      }
+    }
+  }
+  return std::vector<uint64_t>(slice.begin(), slice.end());
 }
 
 }  // namespace tpushim::tools::stress_internal

@@ -213,6 +213,31 @@ absl::Status WriteStressRecord(
 // the last is cut); UNIMPLEMENTED for another format version.
 absl::StatusOr<StressRecord> ParseStressRecord(absl::string_view text);
 
+// ---- Parts of a record (--shrink) ------------------------------------------
+
+// The seqs of the operations of `record` (teardowns aside), sorted; without
+// `skipped`, those whose result is SKIPPED are left out (they call nothing).
+std::vector<uint64_t> OperationSeqs(const StressRecord& record, bool skipped);
+
+// The consistent part of `record` made of the operations whose seq is in
+// `keep` (sorted), less every one that names a buffer or event of an
+// operation not in it: dropping an allocation drops the operations that use
+// its buffer (and the awaits of their events), dropping an await's
+// operation drops the await. A "wait_for" keeps only the events of
+// operations still there; each thread's operations are numbered again from
+// 0; every teardown stays. The result writes and parses like a recorded
+// run, and replays as one.
+StressRecord SubsetRecord(const StressRecord& record,
+                          const std::vector<uint64_t>& keep);
+
+// The operations that operation `seq` needs through its arguments, itself
+// included, sorted: the allocations of the buffers it names; for one that
+// reads a device buffer (d2h, the source of a d2d), the last earlier
+// operation of its thread that wrote it (h2d, d2d), and what that one
+// needs in turn; for an await, the operation that made its event. Empty
+// when `seq` is no operation of `record`.
+std::vector<uint64_t> DependencySlice(const StressRecord& record, uint64_t seq);
+
 }  // namespace tpushim::tools::stress_internal
 
 #endif  // TPUSHIM_TOOLS_STRESS_RECORD_H_

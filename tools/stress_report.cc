@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/human_bytes.h"
@@ -107,7 +109,9 @@ Json RecordJson(const RecordReport& r) {
           {"replay", r.command},
           {"diverged", r.diverged},
           {"first_divergence", first},
-          {"error", r.error.empty() ? Json(nullptr) : Json(r.error)}};
+          {"error", r.error.empty() ? Json(nullptr) : Json(r.error)},
+          {"shrink",
+           r.shrink_command.empty() ? Json(nullptr) : Json(r.shrink_command)}};
 }
 
 Json ReportJson(const Report& r) {
@@ -325,7 +329,131 @@ void PrintHuman(const Report& r, std::ostream& out) {
   out << "reproduce: " << r.reproduce << "\n";
   if (r.record.has_value() && r.record->error.empty()) {
     out << "replay: " << r.record->command << "\n";
+    if (!r.record->shrink_command.empty()) {
+      out << "shrink: " << r.record->shrink_command << "\n";
+    }
   }
+}
+
+// ---- Shrinking -------------------------------------------------------------
+
+std::string ViolationKind(absl::string_view message) {
+  constexpr absl::string_view kUnexpected = "unexpected status ";
+  absl::string_view head = message;
+  const size_t unexpected = message.find(kUnexpected);
+  if (unexpected != absl::string_view::npos) {
+    size_t end = unexpected + kUnexpected.size();
+    while (end < message.size() &&
+           (absl::ascii_isupper(message[end]) || message[end] == '_')) {
+      ++end;
+    }
+    head = message.substr(0, end);
+  } else {
+    head = message.substr(0, message.find(':'));
+  }
+  std::string kind;
+  for (size_t i = 0; i < head.size();) {
+    // A number stands alone: no letter or digit right before it.
+    if (!absl::ascii_isdigit(head[i]) ||
+        (i > 0 && absl::ascii_isalnum(head[i - 1]))) {
+      kind += head[i++];
+      continue;
+    }
+    size_t j = i;
+    if (absl::StartsWith(head.substr(i), "0x")) {
+      j += 2;
+      while (j < head.size() && absl::ascii_isxdigit(head[j])) ++j;
+    } else {
+      while (j < head.size() && absl::ascii_isdigit(head[j])) ++j;
+    }
+    kind += '#';
+    i = j;
+  }
+  return std::string(absl::StripAsciiWhitespace(kind));
+}
+
+namespace {
+
+// As in ReportJson: a teardown failure names no thread or operation.
+Json ViolationJson(const Violation& v) {
+  const bool teardown = v.op == "teardown";
+  return {{"thread", teardown ? Json(nullptr) : Json(v.thread)},
+          {"op_index", teardown ? Json(nullptr) : Json(v.op_index)},
+          {"op", v.op},
+          {"message", v.message}};
+}
+
+std::string ViolationText(const Violation& v) {
+  if (v.op == "teardown") return absl::StrCat("teardown: ", v.message);
+  return absl::StrCat("thread ", v.thread, " op ", v.op_index, " (", v.op,
+                      "): ", v.message);
+}
+
+}  // namespace
+
+Json ShrinkJson(const ShrinkReport& r) {
+  Json other = Json::array();
+  for (const Violation& v : r.other) other.push_back(ViolationJson(v));
+  return {
+      {"shrink",
+       {{"from", r.from},
+        {"file", r.file},
+        {"violation", ViolationJson(r.violation)},
+        {"same", {{"op", r.violation.op}, {"kind", r.kind}}},
+        {"ops_before", r.ops_before},
+        {"ops_after", r.ops_after},
+        {"replays", r.replays},
+        {"seconds", r.seconds},
+        {"budget_seconds", r.budget_seconds},
+        {"budget_exhausted", r.budget_exhausted},
+        {"minimal", r.minimal},
+        {"error", r.error.empty() ? Json(nullptr) : Json(r.error)},
+        {"check",
+         {{"checked", r.checked},
+          {"reproduced", r.reproduced.has_value()},
+          {"violation", r.reproduced.has_value() ? ViolationJson(*r.reproduced)
+                                                 : Json(nullptr)},
+          {"other_violations", other},
+          {"diverged", r.diverged}}},
+        {"replay", r.command}}}};
+}
+
+void PrintShrink(const ShrinkReport& r, std::ostream& out) {
+  out << "tpushim stress: shrinking " << r.from << "\n";
+  TextTable t;
+  t.AddRow({"violation", ViolationText(r.violation)});
+  t.AddRow(
+      {"same when", absl::StrCat("a violation of a ", r.violation.op,
+                                 " operation of the kind \"", r.kind, "\"")});
+  std::string shrunk =
+      absl::StrFormat("%d -> %d operations in %d replays, %.1f s", r.ops_before,
+                      r.ops_after, r.replays, r.seconds);
+  if (r.budget_exhausted) {
+    absl::StrAppend(&shrunk, "; stopped by the time budget of ",
+                    absl::StrFormat("%g", r.budget_seconds),
+                    " s (--shrink-seconds): not minimal, a longer budget "
+                    "may remove more");
+  } else if (r.minimal) {
+    absl::StrAppend(&shrunk,
+                    "; minimal: without any one of them the violation goes");
+  }
+  t.AddRow({"shrunk", shrunk});
+  t.AddRow({"wrote", r.error.empty()
+                         ? r.file
+                         : absl::StrCat(r.file, ": NOT WRITTEN: ", r.error)});
+  if (r.checked) {
+    t.AddRow({"check", r.reproduced.has_value()
+                           ? absl::StrCat("replaying it reproduces the "
+                                          "violation: ",
+                                          ViolationText(*r.reproduced))
+                           : std::string("replaying it does NOT reproduce "
+                                         "the violation")});
+    for (const Violation& v : r.other) {
+      t.AddRow({"", absl::StrCat("also: ", ViolationText(v))});
+    }
+  }
+  t.Print(out);
+  if (r.error.empty()) out << "\nreplay: " << r.command << "\n";
 }
 
 }  // namespace tpushim::tools::stress_internal

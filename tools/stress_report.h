@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/string_view.h"
 #include "env/fault_injection.h"
 #include "nlohmann/json.hpp"
 #include "tools/stress_worker.h"
@@ -115,6 +116,8 @@ struct RecordReport {
   uint64_t diverged = 0;
   std::optional<Divergence> first_divergence;  // the first issued
   std::string error;  // recording: why the file could not be written
+  // After a violation, the command that shrinks the record (--shrink).
+  std::string shrink_command;
 };
 
 struct Report {
@@ -143,6 +146,47 @@ struct Report {
     return counters.violation_count + teardown_failures.size();
   }
 };
+
+// ---- Shrinking -------------------------------------------------------------
+
+// What --shrink calls the same violation: one of the same operation kind
+// (Violation::op; "teardown" for a teardown failure) whose message is of
+// the same kind, ViolationKind. E.g. every hash mismatch is one kind,
+// "hash mismatch", and "h2d event: unexpected status INTERNAL: ..." is of
+// kind "h2d event: unexpected status INTERNAL".
+//
+// The kind of a message: its text up to the first ':' — or, when it says
+// "unexpected status <CODE>", up to and including the code — with every
+// number (decimal, or hexadecimal after 0x) that stands alone replaced by
+// '#': "event not ready within # s (hang)", "region bytes_in_use = #".
+std::string ViolationKind(absl::string_view message);
+
+// What --shrink did.
+struct ShrinkReport {
+  std::string from;         // the record shrunk
+  std::string file;         // the shrunk record
+  std::string command;      // the command that replays it
+  Violation violation;      // the first violation replaying `from` found
+  std::string kind;         // ViolationKind of its message
+  uint64_t ops_before = 0;  // operations of `from`
+  uint64_t ops_after = 0;   // operations of `file`
+  uint64_t replays = 0;     // of candidates, the first and the check aside
+  double seconds = 0;       // the whole shrink, check included
+  double budget_seconds = 0;
+  bool budget_exhausted = false;  // the search stopped at the budget
+  bool minimal = false;           // no single operation can go
+  std::string error;              // why `file` could not be written
+  // The check: replaying `file` (as read back) once more.
+  bool checked = false;
+  std::optional<Violation> reproduced;  // the same violation, when found
+  std::vector<Violation> other;         // the others it found
+  uint64_t diverged = 0;                // operations that ended differently
+
+  bool ok() const { return error.empty() && reproduced.has_value(); }
+};
+
+Json ShrinkJson(const ShrinkReport& r);
+void PrintShrink(const ShrinkReport& r, std::ostream& out);
 
 std::string DivergenceText(const Divergence& d);
 Json ReportJson(const Report& r);

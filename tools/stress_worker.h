@@ -46,6 +46,7 @@ constexpr size_t kMaxOwnedDevice = 8;
 constexpr size_t kMaxPending = 48;
 constexpr size_t kMaxViolationsKept = 50;
 constexpr absl::Duration kHangBound = absl::Seconds(30);
+constexpr double kDefaultShrinkSeconds = 60;
 
 // ---- Operations and codes --------------------------------------------------
 
@@ -103,6 +104,8 @@ struct StressFlags {
   std::string threshold;
   std::string record;  // --record FILE
   std::string replay;  // --replay FILE
+  std::string shrink;  // --shrink FILE
+  double shrink_seconds = kDefaultShrinkSeconds;
   bool json = false;
   bool csv = false;
   bool no_progress = false;

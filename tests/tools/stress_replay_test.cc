@@ -166,10 +166,13 @@ TEST(StressReplayTest, PlantedCorruptionIsCaughtAndCaughtAgainOnReplay) {
   EXPECT_THAT(run.out,
               HasSubstr(absl::StrCat("\nreproduce: ", reproduce, "\n")));
   EXPECT_THAT(run.out, HasSubstr(absl::StrCat("\nreplay: ", replay, "\n")));
-  EXPECT_EQ(run.err,
-            absl::StrCat("tpushim stress: 1 invariant violations; "
-                         "seed 21; reproduce with: ",
-                         reproduce, "; or replay the run: ", replay, "\n"));
+  const std::string shrink =
+      absl::StrCat(replay, " --shrink '", dir.Join("run.small.jsonl"), "'");
+  EXPECT_THAT(run.out, HasSubstr(absl::StrCat("\nshrink: ", shrink, "\n")));
+  EXPECT_EQ(run.err, absl::StrCat("tpushim stress: 1 invariant violations; "
+                                  "seed 21; reproduce with: ",
+                                  reproduce, "; or replay the run: ", replay,
+                                  "; shrink it with: ", shrink, "\n"));
 
   // Replayed with the same corruption, the record fails at the same
   // operation, and nothing else ended differently.
@@ -195,6 +198,9 @@ TEST(StressReplayTest, PlantedCorruptionIsCaughtAndCaughtAgainOnReplay) {
   EXPECT_EQ(j["record"]["mode"], "replay");
   EXPECT_EQ(j["record"]["replay"], replay);
   EXPECT_EQ(j["record"]["diverged"], 0) << j["record"].dump();
+  EXPECT_EQ(
+      j["record"]["shrink"],
+      absl::StrCat(replay, " --shrink '", dir.Join("run.small.jsonl"), "'"));
 }
 
 TEST(StressReplayTest, CleanRunRecordsAndReplaysTheSameOperations) {
@@ -208,6 +214,7 @@ TEST(StressReplayTest, CleanRunRecordsAndReplaysTheSameOperations) {
   EXPECT_EQ(a["record"]["mode"], "record");
   EXPECT_EQ(a["record"]["lines"], 603);  // 600 operations, 3 teardowns
   EXPECT_EQ(a["record"]["error"], nullptr);
+  EXPECT_EQ(a["record"]["shrink"], nullptr);  // no violation, nothing to shrink
 
   // The header, then one line per operation in strictly increasing seq.
   const std::string text = ReadFileOrEmpty(file);
