@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <ostream>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,9 @@ struct ValidConfig {
   uint64_t region_bytes = 0;
   uint64_t threshold_bytes = 0;
 };
+
+// For test names and failure messages: the row's name, not its bytes.
+void PrintTo(const ValidConfig& c, std::ostream* os) { *os << c.name; }
 
 class StressValidConfigTest : public ::testing::TestWithParam<ValidConfig> {};
 
