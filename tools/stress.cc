@@ -60,9 +60,10 @@ was sent; every failure must be a clean status of an expected code
 (RESOURCE_EXHAUSTED, CANCELLED; with --faults also INTERNAL, UNAVAILABLE,
 any code= of a rule, or a status marked "[injected: ...]"; with the region
 off, pinned host allocations fail with FAILED_PRECONDITION and nothing
-else); every event is awaited within 30 s. At the end every buffer is freed, the system's stats
-must reconcile to zero (region, queues, pinned bytes, HBM) and, once it is
-destroyed, nothing may stay mapped, locked or pinned.
+else); every event is awaited within 30 s. At the end every buffer is
+freed, the system's stats must reconcile to zero (region, queues, pinned
+bytes, HBM) and, once it is destroyed, nothing may stay mapped, locked or
+pinned.
 
 Stress defaults (when the environment does not set them): TPUSHIM_DEVICE
 sim://?devices=2&hbm=256M, a 64M premapped region with a 4M transfer
