@@ -28,6 +28,7 @@
 #include "logging/log.h"
 #include "nlohmann/json.hpp"
 #include "tools/flags.h"
+#include "tools/interrupt.h"
 #include "tools/stress_internal.h"
 #include "tools/stress_record.h"
 #include "tools/stress_report.h"
@@ -500,6 +501,7 @@ std::vector<std::unique_ptr<Worker>> Execute(
   } while (absl::Now() < stats_deadline);
   system->reset();
   report.seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  report.interrupted_by = InterruptSignal();
   for (std::string& f : stats_failures) {
     report.teardown_failures.push_back(std::move(f));
   }
@@ -859,21 +861,20 @@ void RegisterStress(CLI::App& app, CommandContext& context) {
   stress->footer(kStressFooter);
   auto flags = std::make_shared<StressFlags>();
   CLI::Option* ops =
-      stress->add_option("--ops", flags->ops, "Operations to run in total")
-          ->default_val(kDefaultOps)
-          ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 40));
+      AddWholeFlag(stress, "--ops", &flags->ops,
+                   {.unit = "operations", .min = 1, .max = int64_t{1} << 40},
+                   "Operations to run in total");
   CLI::Option* seconds =
-      stress
-          ->add_option("--seconds", flags->seconds,
-                       "Run for this many seconds instead of --ops")
-          ->check(CLI::Range(0.001, 7.0 * 24 * 3600));
+      AddDecimalFlag(stress, "--seconds", &flags->seconds,
+                     {.unit = "seconds", .min = 0.001, .max = 7.0 * 24 * 3600},
+                     "Run for this many seconds instead of --ops");
   ops->excludes(seconds);
-  CLI::Option* threads =
-      stress->add_option("--threads", flags->threads, "Worker threads")
-          ->default_val(kDefaultThreads)
-          ->check(CLI::Range(1, kMaxThreads));
-  CLI::Option* seed = stress->add_option(
-      "--seed", flags->seed, "Seed (default: from the clock; printed)");
+  CLI::Option* threads = AddWholeFlag(
+      stress, "--threads", &flags->threads,
+      {.unit = "threads", .min = 1, .max = kMaxThreads}, "Worker threads");
+  CLI::Option* seed =
+      AddUnsignedFlag(stress, "--seed", &flags->seed, "",
+                      "Seed (default: from the clock; printed)");
   CLI::Option* faults =
       stress
           ->add_option("--faults", flags->faults,
@@ -885,27 +886,15 @@ void RegisterStress(CLI::App& app, CommandContext& context) {
                 return spec.ok() ? "" : std::string(spec.status().message());
               },
               "SPEC", "fault spec"));
-  auto byte_size = [](const char* what) {
-    return CLI::Validator(
-        [what](const std::string& text) -> std::string {
-          absl::StatusOr<uint64_t> b = ParseByteSize(text, what);
-          return b.ok() ? "" : std::string(b.status().message());
-        },
-        "BYTES", "byte size");
-  };
   CLI::Option* region =
-      stress
-          ->add_option("--region-bytes", flags->region_bytes,
-                       "Premapped region size (K/M/G; default: "
-                       "TPU_PREMAPPED_BUFFER_SIZE, else 64M)")
-          ->check(byte_size("--region-bytes"));
+      AddByteFlag(stress, "--region-bytes", &flags->region_bytes, {},
+                  "Premapped region size (K/M/G; default: "
+                  "TPU_PREMAPPED_BUFFER_SIZE, else 64M)");
   CLI::Option* threshold =
-      stress
-          ->add_option("--threshold", flags->threshold,
-                       "Transfer threshold (K/M/G; default: "
-                       "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES, else "
-                       "4M with the default region)")
-          ->check(byte_size("--threshold"));
+      AddByteFlag(stress, "--threshold", &flags->threshold, {},
+                  "Transfer threshold (K/M/G; default: "
+                  "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES, else "
+                  "4M with the default region)");
   CLI::Option* record =
       stress
           ->add_option(

@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/human_bytes.h"
+#include "tools/interrupt.h"
 #include "tools/stress_record.h"
 #include "tools/text_table.h"
 #include "tpushim/stats.h"
@@ -178,6 +179,10 @@ Json ReportJson(const Report& r) {
        {{"checked", r.teardown_checked}, {"failures", r.teardown_failures}}},
       {"violations", violations},
       {"reproduce", r.reproduce},
+      {"partial", r.interrupted_by != 0},
+      {"interrupted_by", r.interrupted_by != 0
+                             ? Json(InterruptSignalName(r.interrupted_by))
+                             : Json(nullptr)},
       {"record", r.record.has_value() ? RecordJson(*r.record) : Json(nullptr)},
   };
 }
@@ -206,12 +211,22 @@ void WriteCsv(const Report& r, std::ostream& out) {
   out << "summary,transfers_verified,," << r.counters.transfers_verified
       << "\n";
   out << "summary,violations,," << r.violations() << "\n";
+  if (r.interrupted_by != 0) {
+    out << "summary,interrupted,," << InterruptSignalName(r.interrupted_by)
+        << "\n";
+  }
   if (r.record.has_value() && r.record->replay) {
     out << "summary,diverged,," << r.record->diverged << "\n";
   }
 }
 
 void PrintHuman(const Report& r, std::ostream& out) {
+  if (r.interrupted_by != 0) {
+    out << "tpushim stress: interrupted by "
+        << InterruptSignalName(r.interrupted_by)
+        << "; the counts are of the operations issued before it (checked and "
+           "torn down as usual)\n";
+  }
   out << "tpushim stress: seed " << r.seed << ", " << r.counters.ops
       << " ops on " << r.threads << " threads in "
       << absl::StrFormat("%.2f s (%.0f ops/s)", r.seconds,

@@ -121,6 +121,7 @@ struct RecordReport {
 };
 
 struct Report {
+  int interrupted_by = 0;  // SIGINT or SIGTERM stopped the run, else 0
   uint64_t seed = 0;
   int threads = 0;
   double seconds = 0;

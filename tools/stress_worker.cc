@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
+#include "tools/interrupt.h"
 #include "tools/pseudo_random.h"
 #include "tools/stress_internal.h"
 #include "tools/stress_record.h"
@@ -30,6 +31,9 @@ void Worker::Run() {
     fill_seed_ = (static_cast<uint64_t>(index_) << 48) ^ rng_();
     for (uint64_t i = 0;; ++i) {
       if (deadline_.has_value() ? absl::Now() >= *deadline_ : i >= ops_) break;
+      // SIGINT or SIGTERM: issue nothing more; what was issued is reaped,
+      // checked and torn down as at the end of any run.
+      if (InterruptSignal() != 0) break;
       // A fixed number of draws per operation, whatever the state.
       const uint64_t kind = rng_();
       Draws r;

@@ -322,7 +322,7 @@ std::vector<std::string>* StressReplayRefusalTest::lines_ =
 TEST_F(StressReplayRefusalTest, MissingOrEmptyOrNotARecord) {
   const Outcome o = Stress({"--replay", dir_.Join("none.jsonl")});
   EXPECT_EQ(o.exit_code, kExitUsage);
-  EXPECT_THAT(o.err, HasSubstr("tpushim: cannot replay: open("));
+  EXPECT_THAT(o.err, HasSubstr("tpushim: cannot replay: NOT_FOUND: open("));
 
   Json e = Refuse("");
   EXPECT_EQ(e["code"], "INVALID_ARGUMENT");
@@ -433,7 +433,8 @@ TEST_F(StressReplayRefusalTest, ReplayExcludesTheOptionsThatDefineARun) {
   const Outcome o =
       Stress({"--ops", "10", "--record", dir_.Join("no/such/dir/r.jsonl")});
   EXPECT_EQ(o.exit_code, kExitUsage);
-  EXPECT_THAT(o.err, HasSubstr("tpushim: cannot create the record: open("));
+  EXPECT_THAT(o.err,
+              HasSubstr("tpushim: cannot create the record: NOT_FOUND: open("));
 }
 
 }  // namespace

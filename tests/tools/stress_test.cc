@@ -108,6 +108,8 @@ TEST_F(StressTest, JsonFieldNamesAreExact) {
                                                   "teardown",
                                                   "violations",
                                                   "reproduce",
+                                                  "partial",
+                                                  "interrupted_by",
                                                   "record"};
   EXPECT_EQ(keys, expected_keys);
   std::vector<std::string> ops;
@@ -120,9 +122,8 @@ TEST_F(StressTest, JsonFieldNamesAreExact) {
     EXPECT_EQ(by_code, v["count"].get<uint64_t>()) << k;
   }
   EXPECT_EQ(ops, (std::vector<std::string>{"alloc_pinned", "free_pinned",
-                                           "alloc_device", "free_device",
-                                           "h2d", "d2h", "d2d", "chain",
-                                           "await"}));
+                                           "alloc_device", "free_device", "h2d",
+                                           "d2h", "d2d", "chain", "await"}));
   EXPECT_EQ(total, 200u);
   EXPECT_EQ(j["device"], "sim://?devices=2&hbm=256M");
   EXPECT_EQ(j["region_bytes"], 64u << 20);
@@ -194,7 +195,8 @@ TEST_F(StressTest, HumanAndCsvOutput) {
 
   r = RunTool({"--ops", "300", "--seed", "3", "--csv"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_THAT(r.out, StartsWith("section,name,code,count\nby_op,alloc_pinned,count,"));
+  EXPECT_THAT(r.out,
+              StartsWith("section,name,code,count\nby_op,alloc_pinned,count,"));
   EXPECT_THAT(r.out, HasSubstr("\nby_code,,OK,"));
   EXPECT_THAT(r.out, HasSubstr("\nsummary,violations,,0\n"));
 }
@@ -209,15 +211,14 @@ TEST_F(StressTest, SecondsMode) {
 
 TEST_F(StressTest, BadFlagsExitTwo) {
   for (const std::vector<std::string>& args :
-       std::vector<std::vector<std::string>>{
-           {"--ops", "0"},
-           {"--ops", "10", "--seconds", "1"},
-           {"--threads", "0"},
-           {"--faults", "bogus:nth=1"},
-           {"--faults", "dma:rate=2,seed=1"},
-           {"--region-bytes", "12Q"},
-           {"--json", "--csv"},
-           {"--no-such-flag"}}) {
+       std::vector<std::vector<std::string>>{{"--ops", "0"},
+                                             {"--ops", "10", "--seconds", "1"},
+                                             {"--threads", "0"},
+                                             {"--faults", "bogus:nth=1"},
+                                             {"--faults", "dma:rate=2,seed=1"},
+                                             {"--region-bytes", "12Q"},
+                                             {"--json", "--csv"},
+                                             {"--no-such-flag"}}) {
     SubprocessResult r = RunTool(args);
     EXPECT_EQ(r.exit_code, 2) << args[0] << "\n" << r.err;
   }
