@@ -27,16 +27,6 @@ constexpr uint64_t kMapChunkBytes = uint64_t{256} << 20;
 // Descriptors per queue ring (DeviceInfo::ring_entries).
 constexpr uint32_t kRingEntries = 1024;
 
-// 64-bit registers as two halves, low first.
-uint64_t Read64(volatile uint8_t* bar, uint32_t offset) {
-  const uint64_t low = Read32(bar, offset);
-  return low | (uint64_t{Read32(bar, offset + 4)} << 32);
-}
-void Write64(volatile uint8_t* bar, uint32_t offset, uint64_t value) {
-  Write32(bar, offset, static_cast<uint32_t>(value));
-  Write32(bar, offset + 4, static_cast<uint32_t>(value >> 32));
-}
-
 // Device memory addresses as the allocator sees them: offsets from this
 // made-up base (the allocator only does arithmetic on it).
 char* const kDeviceMemoryBase = reinterpret_cast<char*>(uintptr_t{1} << 44);
@@ -61,7 +51,7 @@ NvmeDevice::NvmeDevice(const DeviceUrl& url, Os* os, FaultInjector* faults)
 absl::Status NvmeDevice::WaitReady(bool ready, absl::string_view why) {
   const int64_t deadline = os_->MonotonicNanos() + ready_timeout_ns_;
   while (true) {
-    const uint32_t csts = Read32(bar_.base, kRegCsts);
+    const uint32_t csts = regs().Read32(kRegCsts);
     if (csts == 0xffffffff) {
       return absl::UnavailableError(absl::StrCat(
           "NVMe controller ", vfio_->name(),
@@ -86,8 +76,8 @@ absl::Status NvmeDevice::WaitReady(bool ready, absl::string_view why) {
 }
 
 absl::Status NvmeDevice::DisableController() {
-  const uint32_t cc = Read32(bar_.base, kRegCc);
-  if ((cc & kCcEnable) != 0) Write32(bar_.base, kRegCc, cc & ~kCcEnable);
+  const uint32_t cc = regs().Read32(kRegCc);
+  if ((cc & kCcEnable) != 0) regs().Write32(kRegCc, cc & ~kCcEnable);
   enabled_ = false;
   return WaitReady(false, "disabling it");
 }
@@ -97,20 +87,19 @@ absl::StatusOr<Cqe> NvmeDevice::AdminCommand(Sqe sqe, absl::string_view what) {
   sqe.cdw0 = (sqe.cdw0 & 0xffff) | (uint32_t{cid} << 16);
   admin_sq_[admin_sq_tail_] = sqe;
   admin_sq_tail_ = (admin_sq_tail_ + 1) % kAdminDepth;
-  std::atomic_thread_fence(std::memory_order_release);
-  *Doorbell(0, false) = admin_sq_tail_;
+  RingDoorbell(0, false, admin_sq_tail_);
   const int64_t deadline = os_->MonotonicNanos() + ready_timeout_ns_;
   while (true) {
     volatile Cqe* slot = &admin_cq_[admin_cq_head_];
     if ((slot->status & 1) == admin_phase_) {
-      std::atomic_thread_fence(std::memory_order_acquire);
+      DmaReadBarrier();
       Cqe cqe;
       cqe.result = slot->result;
       cqe.command_id = slot->command_id;
       cqe.status = slot->status;
       admin_cq_head_ = (admin_cq_head_ + 1) % kAdminDepth;
       if (admin_cq_head_ == 0) admin_phase_ ^= 1;
-      *Doorbell(0, true) = admin_cq_head_;
+      RingDoorbell(0, true, admin_cq_head_);
       const uint16_t status = cqe.status >> 1;
       if (status != 0) {
         return absl::Status(
@@ -245,8 +234,8 @@ absl::Status NvmeDevice::Open() {
     return absl::FailedPreconditionError(absl::StrCat(
         "BAR0 of ", name, " is ", bar_.size, " bytes, too small for NVMe"));
   }
-  cap_ = Read64(bar_.base, kRegCap);
-  const uint32_t vs = Read32(bar_.base, kRegVs);
+  cap_ = regs().Read64(kRegCap);
+  const uint32_t vs = regs().Read32(kRegVs);
   doorbell_stride_ = 4u << ((cap_ >> 32) & 0xf);
   ready_timeout_ns_ = std::max<int64_t>(1, (cap_ >> 24) & 0xff) * 500'000'000;
   if (((cap_ >> 37) & 1) == 0) {
@@ -304,11 +293,11 @@ absl::Status NvmeDevice::Open() {
   bounce_iova_ = bounce.iova;
 
   // Enable with the admin queue.
-  Write32(bar_.base, kRegAqa, ((kAdminDepth - 1) << 16) | (kAdminDepth - 1));
-  Write64(bar_.base, kRegAsq, asq.iova);
-  Write64(bar_.base, kRegAcq, acq.iova);
-  Write32(bar_.base, kRegIntms, 0xffffffff);  // no pin/MSI interrupts
-  Write32(bar_.base, kRegCc, kCcIosqes | kCcIocqes | kCcEnable);
+  regs().Write32(kRegAqa, ((kAdminDepth - 1) << 16) | (kAdminDepth - 1));
+  regs().Write64(kRegAsq, asq.iova);
+  regs().Write64(kRegAcq, acq.iova);
+  regs().Write32(kRegIntms, 0xffffffff);  // no pin/MSI interrupts
+  regs().Write32(kRegCc, kCcIosqes | kCcIocqes | kCcEnable);
   enabled_ = true;
   TPUSHIM_RETURN_IF_ERROR(WaitReady(true, "enabling it"));
   TPUSHIM_RETURN_IF_ERROR(Identify());
@@ -406,10 +395,10 @@ NvmeDevice::~NvmeDevice() {
       sqe.cdw0 = kAdminDeleteCq;
       (void)AdminCommand(sqe, "Delete I/O Completion Queue");
     }
-    Write32(bar_.base, kRegCc, Read32(bar_.base, kRegCc) | kCcShnNormal);
+    regs().Write32(kRegCc, regs().Read32(kRegCc) | kCcShnNormal);
     // Wait (at most CAP.TO) for CSTS.SHST to say the shutdown is complete.
     const int64_t deadline = os_->MonotonicNanos() + ready_timeout_ns_;
-    while (((Read32(bar_.base, kRegCsts) >> 2) & 3) != 2) {
+    while (((regs().Read32(kRegCsts) >> 2) & 3) != 2) {
       if (os_->MonotonicNanos() > deadline) {
         LOG(WARNING) << info_.name
                      << ": the controller did not finish its shutdown "
@@ -472,9 +461,9 @@ absl::StatusOr<HostWindowId> NvmeDevice::RegisterHostWindow(const void* base,
                 << (total == 0 ? 100 : done * 100 / total) << "%)";
     }
   };
-  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t iova,
-                           vfio_->MapDma(hull.start(), bytes, kMapChunkBytes,
-                                         progress));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      const uint64_t iova,
+      vfio_->MapDma(hull.start(), bytes, kMapChunkBytes, progress));
   if (bytes >= kMapChunkBytes) {
     LOG(INFO) << "IOMMU-mapped " << bytes << " bytes for " << info_.name
               << " in "

@@ -39,6 +39,7 @@
 #include "common/mutex.h"
 #include "device/device.h"
 #include "device/host_window_table.h"
+#include "device/mmio.h"
 #include "device/nvme/dma_arena.h"
 #include "device/nvme/nvme_spec.h"
 #include "device/vfio/vfio.h"
@@ -52,15 +53,6 @@ namespace tpushim::nvme_internal {
 inline constexpr uint32_t kNamespace = 1;
 // Largest command we build: its PRP list fits one page (512 entries).
 inline constexpr uint64_t kMaxCommandBytes = uint64_t{1} << 20;
-
-// MMIO: 32-bit accesses only (nvme_device.cc reads and writes 64-bit
-// registers as two halves, low first).
-inline uint32_t Read32(volatile uint8_t* bar, uint32_t offset) {
-  return *reinterpret_cast<volatile uint32_t*>(bar + offset);
-}
-inline void Write32(volatile uint8_t* bar, uint32_t offset, uint32_t value) {
-  *reinterpret_cast<volatile uint32_t*>(bar + offset) = value;
-}
 
 // What Identify told.
 struct Identity {
@@ -180,10 +172,15 @@ class NvmeDevice final : public Device {
   uint64_t BuildPrp(Queue& q, uint16_t cid, uint64_t iova, uint64_t bytes,
                     uint64_t* prp2) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu);
   void Worker(Queue& q);
-  uint32_t* Doorbell(uint16_t qid, bool completion) const {
-    return reinterpret_cast<uint32_t*>(
-        const_cast<uint8_t*>(bar_.base) + kDoorbells +
-        (2 * qid + (completion ? 1 : 0)) * doorbell_stride_);
+  // The controller's registers (BAR0), with the ordering device/mmio.h
+  // gives: a doorbell write comes after the entries it publishes.
+  Mmio regs() const { return Mmio(bar_.base, bar_.size); }
+  // Rings queue `qid`'s submission (tail) or completion (head) doorbell.
+  void RingDoorbell(uint16_t qid, bool completion, uint32_t value) const {
+    regs().Write32(
+        static_cast<uint32_t>(kDoorbells + (2 * qid + (completion ? 1 : 0)) *
+                                               doorbell_stride_),
+        value);
   }
 
   const DeviceUrl url_;

@@ -237,8 +237,7 @@ void NvmeDevice::Issue(Queue& q) {
     wrote = true;
   }
   if (wrote) {
-    std::atomic_thread_fence(std::memory_order_release);
-    *Doorbell(q.qid, false) = q.sq_tail;
+    RingDoorbell(q.qid, false, q.sq_tail);
   }
 }
 
@@ -262,7 +261,7 @@ void NvmeDevice::Reap(Queue& q) {
   while (true) {
     volatile Cqe* entry = &q.cq[q.cq_head];
     if ((entry->status & 1) != q.phase) break;
-    std::atomic_thread_fence(std::memory_order_acquire);
+    DmaReadBarrier();
     const uint16_t status = entry->status;
     const uint16_t cid = entry->command_id;
     q.cq_head = (q.cq_head + 1) % q.depth;
@@ -307,8 +306,7 @@ void NvmeDevice::Reap(Queue& q) {
       sqe.cdw12 = c.blocks - 1;
       c.lba = c.dest_lba;
       WriteCommand(q, cid, sqe);
-      std::atomic_thread_fence(std::memory_order_release);
-      *Doorbell(q.qid, false) = q.sq_tail;
+      RingDoorbell(q.qid, false, q.sq_tail);
       continue;
     }
     if (c.stage != Stage::kData) q.free_bounce.push_back(c.bounce);
@@ -318,7 +316,7 @@ void NvmeDevice::Reap(Queue& q) {
       Finish(q, c.slot);
     }
   }
-  if (reaped) *Doorbell(q.qid, true) = q.cq_head;
+  if (reaped) RingDoorbell(q.qid, true, q.cq_head);
 }
 
 void NvmeDevice::Worker(Queue& q) {
@@ -378,7 +376,7 @@ void NvmeDevice::Worker(Queue& q) {
     LOG(ERROR) << info_.name << ": commands still outstanding "
                << (now - stuck_since) / 1'000'000
                << " ms into shut-down; disabling the controller";
-    Write32(bar_.base, kRegCc, Read32(bar_.base, kRegCc) & ~kCcEnable);
+    regs().Write32(kRegCc, regs().Read32(kRegCc) & ~kCcEnable);
     controller_disabled_.store(true, std::memory_order_release);
     MutexLock lock(&q.mu);
     for (uint32_t cid = 0; cid < q.depth; ++cid) {
