@@ -8,9 +8,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
-#include <numeric>
 #include <optional>
-#include <random>
 #include <set>
 #include <string>
 #include <utility>
@@ -25,6 +23,8 @@
 #include "absl/time/time.h"
 #include "env/device_url.h"
 #include "nlohmann/json.hpp"
+#include "tools/flags.h"
+#include "tools/interrupt.h"
 #include "tools/progress.h"
 #include "tools/text_table.h"
 #include "tools/tune_report.h"
@@ -48,7 +48,9 @@ using tune_internal::PointJson;
 using tune_internal::PrintCsv;
 using tune_internal::PrintTable;
 using tune_internal::Recommend;
+using tune_internal::Recommendation;
 using tune_internal::RunOnce;
+using tune_internal::RunOrder;
 using tune_internal::SelfPath;
 
 constexpr char kTuneDescription[] =
@@ -81,12 +83,23 @@ transfers), fallbacks from staging to per-call pinning, input-bound (with
 --step-ms: moving --step-bytes at the measured GB/s takes longer than a
 step). Statuses: ok, failed, invalid, crashed, timeout.
 
-Recommendation: the smallest size (then the best threshold at it) with no
-RESOURCE_EXHAUSTED, no failed transfer, a locked region (unless
-TPUSHIM_MLOCK=off) and at least 95% of the best throughput of such points.
-Machines are noisy: --repeats 3 takes the median of three runs per point,
-and a point whose fastest run reaches the best point's slowest also counts
-as good enough (gbps_range = [slowest, fastest]).
+Repeats: --repeats N (default 3) runs every point N times, in N rounds
+over the whole sweep: the first round in sweep order, each later round in a
+new seeded random order that never starts with the point the last round
+ended with. A point's GB/s is the median of its runs and gbps_range their
+[slowest, fastest] (in the table: GB/s and RANGE); other rates and times
+are medians, failure counts the worst run's.
+
+Recommendation: among the clean points (no RESOURCE_EXHAUSTED, no failed
+transfer, a locked region unless TPUSHIM_MLOCK=off), the best is the one
+with the highest median GB/s. A smaller size is recommended instead only
+when its slowest run reaches 95% of the best median; of the points that
+qualify (the best always does) the smallest size, and at that size the
+highest median. "Within noise" (within_noise: true) means at least two
+points ran cleanly and every clean point's gbps_range overlaps the best
+point's: this sweep cannot tell them apart. When no point ran cleanly there
+is no recommendation ("recommendation": null, and one sentence in
+"no_recommendation_reason" says why) and the exit status is 1.
 
 --json: {"workload", "device", "repeats", "dropped_combinations",
          "points": [{"size_bytes", "threshold_bytes", "threshold_set",
@@ -99,18 +112,20 @@ as good enough (gbps_range = [slowest, fastest]).
                      "pinned_alloc_failures", "failed_transfers",
                      "fallbacks", "over_threshold", "input_bound",
                      "step_input_ms", "peak_rss_bytes", "wall_seconds"}],
-         "recommendation": {"found", "size_bytes", "threshold_bytes",
-                            "environment", "gbps", "fraction_of_best",
-                            "best_gbps", "reason"},
-         "plot"}
---csv: one line per point (header: size_bytes,threshold_bytes,...).
+         "recommendation": null | {"size_bytes", "threshold_bytes",
+                                   "environment", "gbps", "gbps_range",
+                                   "fraction_of_best", "best_gbps",
+                                   "within_noise", "reason"},
+         "no_recommendation_reason", "plot"}
+--csv: one line per point (header: size_bytes,threshold_bytes,...), with
+the range as gbps_min,gbps_max.
 --plot FILE.svg|FILE.png: throughput and start-up time against the size,
 one line per threshold (needs gnuplot: apt-get install gnuplot-nox).
 A progress bar goes to stderr only when it is a terminal.
 
-Exit status: 0 when the sweep ran (failed points included); 1 when no
-point could run or the plot failed; 2 for a bad command line, an invalid
-workload, or --plot without gnuplot.
+Exit status: 0 when there is a recommendation (failed points included); 1
+when no point ran cleanly or the plot failed; 2 for a bad command line, an
+invalid workload, or --plot without gnuplot.
 
 Examples:
   tpushim tune                                   # 256M..4G, default threshold
@@ -118,12 +133,13 @@ Examples:
   tpushim tune --sizes 512M..8G --pinned-buffers 8 --pinned-bytes 64M \
       --transfer-sizes histogram:4K=50,1M=30,64M=20 --streams 4 --seconds 5
   tpushim tune --devices 4 --link-gbps 25 --step-ms 50 --step-bytes 256M
-  tpushim tune --workload job.json --repeats 3 --json > sweep.json
+  tpushim tune --workload job.json --repeats 5 --json > sweep.json
   tpushim tune --sizes 256M..2G --plot sweep.svg)footer";
 
 constexpr char kDefaultSizes[] = "256M..4G";
 constexpr char kDefaultThresholds[] = "default";
 constexpr int kMaxSweepValues = 256;
+constexpr int kDefaultRepeats = 3;
 
 // ---- Sweep lists
 // ----------------------------------------------------------------
@@ -238,7 +254,7 @@ struct TuneFlags {
   uint64_t count = 0, seed = 0;
   std::map<std::string, CLI::Option*> given;  // workload key → its option
 
-  int repeats = 1;
+  int repeats = kDefaultRepeats;
   double point_timeout = 600;
   std::string plot;
   bool json = false;
@@ -364,44 +380,62 @@ void RunTune(const TuneFlags& flags, CommandContext& context) {
   const int total = static_cast<int>(points.size()) * flags.repeats;
   ProgressBar progress(*context.err, "tune", total);
   const absl::Duration timeout = absl::Seconds(flags.point_timeout);
-  int done = 0;
   // Repeats go in rounds over all points, the first in sweep order, the
   // others in a seeded random order: what one child leaves behind in the
   // machine weighs on the next one's start-up (on this project's VM a 2G
   // point started in 0.3 s after a point like itself and in 3 s after
   // another), so a fixed order, even alternating, would pin that cost on
-  // the same points every round.
-  std::mt19937_64 order_rng(w->seed);
-  std::vector<size_t> order(points.size());
-  for (int r = 0; r < flags.repeats; ++r) {
-    std::iota(order.begin(), order.end(), 0);
-    if (r > 0) std::shuffle(order.begin(), order.end(), order_rng);
-    for (size_t i : order) {
-      Point& p = points[i];
-      progress.Show(
-          done,
-          absl::StrCat("size=", SizeName(p.size), " threshold=",
-                       p.size == 0       ? "-"
-                       : p.threshold_set ? SizeName(*p.threshold_set)
-                                         : "default",
-                       flags.repeats > 1
-                           ? absl::StrCat(" round ", r + 1, "/", flags.repeats)
-                           : ""));
-      RunOnce(*self, *w, *device, timeout, p);
-      ++done;
-    }
+  // the same points every round. Runs of one point are spread over the
+  // sweep rather than back to back, so that a burst of load on the machine
+  // lands on many points once rather than on one point's every run.
+  const std::vector<size_t> order =
+      RunOrder(points.size(), flags.repeats, w->seed);
+  for (size_t done = 0; done < order.size(); ++done) {
+    Point& p = points[order[done]];
+    const size_t round = done / points.size();
+    progress.Show(
+        static_cast<int>(done),
+        absl::StrCat("size=", SizeName(p.size), " threshold=",
+                     p.size == 0       ? "-"
+                     : p.threshold_set ? SizeName(*p.threshold_set)
+                                       : "default",
+                     flags.repeats > 1 ? absl::StrCat(" round ", round + 1, "/",
+                                                      flags.repeats)
+                                       : ""));
+    // SIGINT or SIGTERM: the running child is killed (its group, through
+    // the cancel fd) and no other starts.
+    if (InterruptSignal() != 0) break;
+    RunOnce(*self, *w, *device, timeout, p, InterruptFd());
   }
-  for (Point& p : points) Aggregate(*w, mlock_off, p);
+  const int interrupted_by = InterruptSignal();
+  for (Point& p : points) {
+    if (interrupted_by != 0 && p.ok() && p.runs.empty()) {
+      p.status = "interrupted";
+      p.error = {
+          {"code", "CANCELLED"},
+          {"message", absl::StrCat("not run: the sweep was interrupted "
+                                   "by ",
+                                   InterruptSignalName(interrupted_by))}};
+    }
+    Aggregate(*w, mlock_off, p);
+  }
   progress.Clear();
 
-  const Json recommendation = Recommend(points);
+  // An interrupted sweep is not complete enough to recommend from.
+  Recommendation recommendation =
+      interrupted_by == 0
+          ? Recommend(points)
+          : Recommendation{.json = nullptr,
+                           .why_none = absl::StrCat(
+                               "The sweep was interrupted by ",
+                               InterruptSignalName(interrupted_by),
+                               " before every point ran, so there is no "
+                               "recommendation.")};
   std::string plot_error;
-  if (gnuplot) {
+  if (gnuplot && interrupted_by == 0) {
     absl::Status s = Plot(points, *w, *device, *gnuplot, flags.plot);
     if (!s.ok()) plot_error = std::string(s.message());
   }
-  const bool any_ran = std::any_of(points.begin(), points.end(),
-                                   [](const Point& p) { return p.ok(); });
 
   if (flags.json) {
     Json j;
@@ -411,12 +445,25 @@ void RunTune(const TuneFlags& flags, CommandContext& context) {
     j["dropped_combinations"] = dropped;
     j["points"] = Json::array();
     for (const Point& p : points) j["points"].push_back(PointJson(p));
-    j["recommendation"] = recommendation;
-    j["plot"] = flags.plot.empty() || !plot_error.empty() ? Json(nullptr)
-                                                          : Json(flags.plot);
+    j["recommendation"] = recommendation.json;
+    j["no_recommendation_reason"] = recommendation.json.is_null()
+                                        ? Json(recommendation.why_none)
+                                        : Json(nullptr);
+    j["plot"] = flags.plot.empty() || !plot_error.empty() || !gnuplot ||
+                        interrupted_by != 0
+                    ? Json(nullptr)
+                    : Json(flags.plot);
+    j["partial"] = interrupted_by != 0;
+    j["interrupted_by"] = interrupted_by != 0
+                              ? Json(InterruptSignalName(interrupted_by))
+                              : Json(nullptr);
     WriteJson(j, *context.out);
   } else if (flags.csv) {
     PrintCsv(points, *context.out);
+    // CSV has no place for it; the reason goes with the exit status.
+    if (recommendation.json.is_null()) {
+      *context.err << "tpushim tune: " << recommendation.why_none << "\n";
+    }
   } else {
     PrintTable(points, *w, *device, flags.repeats, dropped, recommendation,
                plot_error.empty() ? flags.plot : "", *context.out);
@@ -425,7 +472,9 @@ void RunTune(const TuneFlags& flags, CommandContext& context) {
     *context.err << "tpushim: --plot " << flags.plot << ": " << plot_error
                  << "\n";
   }
-  context.exit_code = any_ran && plot_error.empty() ? kExitOk : kExitFailure;
+  context.exit_code = !recommendation.json.is_null() && plot_error.empty()
+                          ? kExitOk
+                          : kExitFailure;
 }
 
 }  // namespace
@@ -463,51 +512,65 @@ void RegisterTuneCommand(CLI::App& app, CommandContext& context) {
   given["directions"] = tune->add_option(
       "--directions", flags->directions,
       "Transfer directions, a uniform mix of h2d, d2h, d2d (default h2d,d2h)");
-  given["streams"] = tune->add_option(
-      "--streams", flags->streams,
+  // Each workload option: its range is the workload file's for that key
+  // (tools/tune_workload.h), and its default is the workload's, shown in
+  // the help text (the flag's own default is not used).
+  given["streams"] = AddWholeFlag(
+      tune, "--streams", &flags->streams,
+      {.unit = "streams", .min = 1, .max = kMaxStreams},
       "Concurrent transfer streams, one transfer in flight each (default 2)");
   given["devices"] =
-      tune->add_option("--devices", flags->devices,
-                       "Simulated devices (sets devices= of TPUSHIM_DEVICE)");
-  given["link_gbps"] = tune->add_option(
-      "--link-gbps", flags->link_gbps,
+      AddWholeFlag(tune, "--devices", &flags->devices,
+                   {.unit = "devices", .min = 1, .max = 64},
+                   "Simulated devices (sets devices= of TPUSHIM_DEVICE)");
+  given["link_gbps"] = AddDecimalFlag(
+      tune, "--link-gbps", &flags->link_gbps,
+      {.unit = "Gb/s", .min = 0, .max = 1e6},
       "Simulated link speed in Gb/s per direction (sets link_gbps=; 0 = "
       "unthrottled)");
   given["latency_us"] =
-      tune->add_option("--latency-us", flags->latency_us,
-                       "Simulated per-descriptor latency (sets latency_us=)");
-  given["pinned_buffers"] = tune->add_option(
-      "--pinned-buffers", flags->pinned_buffers,
+      AddDecimalFlag(tune, "--latency-us", &flags->latency_us,
+                     {.unit = "microseconds", .min = 0, .max = 1e6},
+                     "Simulated per-descriptor latency (sets latency_us=)");
+  given["pinned_buffers"] = AddWholeFlag(
+      tune, "--pinned-buffers", &flags->pinned_buffers,
+      {.unit = "buffers", .min = 0, .max = kMaxPinnedBuffers},
       "Pinned premapped buffers the application keeps allocated (default 0)");
   given["pinned_bytes"] =
-      tune->add_option("--pinned-bytes", flags->pinned_bytes,
-                       "Size of each of those buffers (K/M/G)");
-  given["zero_copy_share"] = tune->add_option(
-      "--zero-copy-share", flags->zero_copy_share,
+      AddByteFlag(tune, "--pinned-bytes", &flags->pinned_bytes,
+                  {.min = 0, .max = kMaxTransferBytes},
+                  "Size of each of those buffers (K/M/G)");
+  given["zero_copy_share"] = AddDecimalFlag(
+      tune, "--zero-copy-share", &flags->zero_copy_share,
+      {.unit = "", .min = 0, .max = 1},
       "Share of h2d/d2h transfers that use the stream's pinned buffer, 0..1 "
       "(default 0)");
-  given["seconds"] = tune->add_option("--seconds", flags->seconds,
-                                      "Workload time per run (default 2)");
-  given["count"] = tune->add_option(
-      "--count", flags->count,
-      "Transfers per run instead of --seconds (over all streams)");
-  given["step_ms"] = tune->add_option(
-      "--step-ms", flags->step_ms,
+  given["seconds"] = AddDecimalFlag(tune, "--seconds", &flags->seconds,
+                                    {.unit = "seconds", .min = 0, .max = 86400},
+                                    "Workload time per run (default 2)");
+  given["count"] =
+      AddWholeFlag(tune, "--count", &flags->count,
+                   {.unit = "transfers", .min = 0, .max = int64_t{1} << 40},
+                   "Transfers per run instead of --seconds (over all streams)");
+  given["step_ms"] = AddDecimalFlag(
+      tune, "--step-ms", &flags->step_ms,
+      {.unit = "milliseconds", .min = 0, .max = 3.6e6},
       "Modelled step (compute) time, for the input-bound verdict");
   given["step_bytes"] =
-      tune->add_option("--step-bytes", flags->step_bytes,
-                       "Input bytes a step needs (default 64M)");
-  given["seed"] = tune->add_option("--seed", flags->seed,
-                                   "Seed of the size and direction draws");
-  tune->add_option("--repeats", flags->repeats,
-                   "Runs per point; figures are medians (default 1)")
-      ->default_val(1)
-      ->check(CLI::Range(1, 100));
-  tune->add_option("--point-timeout", flags->point_timeout,
-                   "Seconds a run may take, start-up included, before it is "
-                   "killed and reported as timeout")
-      ->default_val(600)
-      ->check(CLI::Range(1.0, 86400.0));
+      AddByteFlag(tune, "--step-bytes", &flags->step_bytes, {.min = 1},
+                  "Input bytes a step needs (default 64M)");
+  given["seed"] =
+      AddWholeFlag(tune, "--seed", &flags->seed, {.unit = "", .min = 0},
+                   "Seed of the size and direction draws");
+  for (auto& [key, option] : given) option->default_str("");
+  AddWholeFlag(tune, "--repeats", &flags->repeats,
+               {.unit = "runs", .min = 1, .max = 100},
+               "Runs per point, in rounds over all points; figures are "
+               "medians, with the GB/s range (default 3)");
+  AddDecimalFlag(tune, "--point-timeout", &flags->point_timeout,
+                 {.unit = "seconds", .min = 1, .max = 86400},
+                 "Seconds a run may take, start-up included, before it is "
+                 "killed and reported as timeout");
   tune->add_option("--plot", flags->plot,
                    "Draw throughput and start-up time against the size into "
                    "FILE.svg or FILE.png (needs gnuplot)");

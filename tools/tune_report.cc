@@ -32,7 +32,8 @@ namespace tpushim::tools::tune_internal {
 
 constexpr char kCsvHeader[] =
     "size_bytes,threshold_bytes,threshold_set,status,startup_seconds,"
-    "pinned_host_bytes,region_locked,gbps,transfers,zero_copy_share,"
+    "pinned_host_bytes,region_locked,gbps,gbps_min,gbps_max,transfers,"
+    "zero_copy_share,"
     "staged_share,pinned_share,staging_wait_seconds,resource_exhausted,"
     "failed_transfers,fallbacks,input_bound,error";
 
@@ -102,14 +103,27 @@ void PrintCsv(const std::vector<Point>& points, std::ostream& out) {
     auto s = [&](const char* k) {
       return share.is_null() ? Json(nullptr) : share[k];
     };
+    const Json& range = j["gbps_range"];
+    auto r = [&](int i) { return range.is_null() ? Json(nullptr) : range[i]; };
     out << absl::StrJoin(
-               {Csv(j["size_bytes"]), Csv(j["threshold_bytes"]),
-                Csv(j["threshold_set"]), Csv(j["status"]),
-                Csv(j["startup_seconds"]), Csv(j["pinned_host_bytes"]),
-                Csv(j["region_locked"]), Csv(j["gbps"]), Csv(j["transfers"]),
-                Csv(s("zero_copy")), Csv(s("staged")), Csv(s("pinned")),
-                Csv(j["staging_wait_seconds"]), Csv(j["resource_exhausted"]),
-                Csv(j["failed_transfers"]), Csv(j["fallbacks"]),
+               {Csv(j["size_bytes"]),
+                Csv(j["threshold_bytes"]),
+                Csv(j["threshold_set"]),
+                Csv(j["status"]),
+                Csv(j["startup_seconds"]),
+                Csv(j["pinned_host_bytes"]),
+                Csv(j["region_locked"]),
+                Csv(j["gbps"]),
+                Csv(r(0)),
+                Csv(r(1)),
+                Csv(j["transfers"]),
+                Csv(s("zero_copy")),
+                Csv(s("staged")),
+                Csv(s("pinned")),
+                Csv(j["staging_wait_seconds"]),
+                Csv(j["resource_exhausted"]),
+                Csv(j["failed_transfers"]),
+                Csv(j["fallbacks"]),
                 Csv(j["input_bound"]),
                 Csv(p.error.is_null() ? Json(nullptr) : p.error["message"])},
                ",")
@@ -150,9 +164,10 @@ std::string WorkloadSummary(const Workload& w, const std::string& device) {
 
 void PrintTable(const std::vector<Point>& points, const Workload& w,
                 const std::string& device, int repeats, int dropped,
-                const Json& recommendation, const std::string& plot,
+                const Recommendation& recommendation, const std::string& plot,
                 std::ostream& out) {
-  out << "tpushim tune: " << points.size() << " points, " << repeats
+  out << "tpushim tune: " << points.size()
+      << (points.size() == 1 ? " point, " : " points, ") << repeats
       << (repeats == 1 ? " run" : " runs")
       << " each, every run in a fresh process\n";
   out << "workload: " << WorkloadSummary(w, device) << "\n";
@@ -162,8 +177,8 @@ void PrintTable(const std::vector<Point>& points, const Workload& w,
   }
   out << "\n";
   TextTable table({"SIZE", "THRESHOLD", "STATUS", "START-UP", "PINNED", "GB/s",
-                   "ZERO-COPY", "STAGED", "PINNED-PATH", "STAGING-WAIT",
-                   "RES-EXH", "FALLBACKS", "INPUT-BOUND"});
+                   "RANGE", "ZERO-COPY", "STAGED", "PINNED-PATH",
+                   "STAGING-WAIT", "RES-EXH", "FALLBACKS", "INPUT-BOUND"});
   for (const Point& p : points) {
     const std::string threshold = p.size == 0       ? "-"
                                   : p.threshold_set ? SizeName(*p.threshold_set)
@@ -180,6 +195,9 @@ void PrintTable(const std::vector<Point>& points, const Workload& w,
         {SizeName(p.size), threshold, "ok",
          absl::StrFormat("%.2f s", f["startup_seconds"].get<double>()), pinned,
          absl::StrFormat("%.2f", p.gbps()),
+         p.runs.size() > 1
+             ? absl::StrFormat("%.2f-%.2f", p.gbps_min(), p.gbps_max())
+             : "-",
          Percent(f["path_share"]["zero_copy"]),
          Percent(f["path_share"]["staged"]), Percent(f["path_share"]["pinned"]),
          absl::StrFormat("%.3f s", f["staging_wait_seconds"].get<double>()),
@@ -212,21 +230,23 @@ void PrintTable(const std::vector<Point>& points, const Workload& w,
   }
 
   out << "\nPINNED = the region when locked + peak per-call pinned memory; "
-         "GB/s = bytes moved / seconds (1 GB = 1e9 bytes); path shares are "
-         "of host transfers.\n\n";
-  if (recommendation["found"].get<bool>()) {
-    out << "Recommendation: " << kSizeVariable << "="
-        << recommendation["environment"][kSizeVariable].get<std::string>();
-    if (recommendation["environment"].contains(kThresholdVariable)) {
-      out << " " << kThresholdVariable << "="
-          << recommendation["environment"][kThresholdVariable]
-                 .get<std::string>();
-    }
-    out << "\n";
+         "GB/s = bytes moved / seconds (1 GB = 1e9 bytes)"
+      << (repeats > 1 ? ", the median of the runs; RANGE = slowest-fastest run"
+                      : "")
+      << "; path shares are of host transfers.\n\n";
+  const Json& rec = recommendation.json;
+  if (rec.is_null()) {
+    out << "Recommendation: none.\n  " << recommendation.why_none << "\n";
   } else {
-    out << "Recommendation: none.\n";
+    out << "Recommendation: " << kSizeVariable << "="
+        << rec["environment"][kSizeVariable].get<std::string>();
+    if (rec["environment"].contains(kThresholdVariable)) {
+      out << " " << kThresholdVariable << "="
+          << rec["environment"][kThresholdVariable].get<std::string>();
+    }
+    if (rec["within_noise"].get<bool>()) out << " (within noise)";
+    out << "\n  " << rec["reason"].get<std::string>() << "\n";
   }
-  out << "  " << recommendation["reason"].get<std::string>() << "\n";
   if (!plot.empty()) out << "\nPlot: " << plot << "\n";
 }
 

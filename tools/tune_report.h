@@ -19,11 +19,13 @@ namespace tpushim::tools::tune_internal {
 Json PointJson(const Point& p);
 // --csv: a header and one row per point.
 void PrintCsv(const std::vector<Point>& points, std::ostream& out);
-// The human output: the workload, a table of the points and the
-// recommendation, and where the plot went (when `plot` is not empty).
+// The human output: the workload, a table of the points (GB/s the median,
+// RANGE the slowest and fastest run), the recommendation marked "(within
+// noise)" when it is, or "none" and why, and where the plot went (when
+// `plot` is not empty).
 void PrintTable(const std::vector<Point>& points, const Workload& w,
                 const std::string& device, int repeats, int dropped,
-                const Json& recommendation, const std::string& plot,
+                const Recommendation& recommendation, const std::string& plot,
                 std::ostream& out);
 // Draws the sweep into `file` (SVG or PNG by its extension) with `gnuplot`.
 absl::Status Plot(const std::vector<Point>& points, const Workload& w,

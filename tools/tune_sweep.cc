@@ -10,8 +10,10 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <map>
+#include <numeric>
 #include <optional>
-#include <set>
+#include <random>
 #include <string>
 #include <utility>
 #include <vector>
@@ -34,8 +36,6 @@
 extern char** environ;
 
 namespace tpushim::tools::tune_internal {
-
-constexpr double kGoodEnough = 0.95;
 
 // ---- The environment of a point
 // ---------------------------------------------------------
@@ -199,11 +199,13 @@ std::string Tail(absl::string_view text, int lines) {
 // One child run of `point`: appends its JSON, or records why it failed.
 void RunOnce(const std::string& self, const Workload& w,
              const std::string& device_url, absl::Duration timeout,
-             Point& point) {
+             Point& point, int cancel_fd) {
   const std::string workload = WorkloadToJson(w).dump();
   absl::StatusOr<SubprocessResult> r = RunSubprocess(
       self, {"tune-point", "--workload", workload},
-      PointEnvironment(point.size, point.threshold_set, device_url), timeout);
+      PointEnvironment(point.size, point.threshold_set, device_url), timeout,
+      cancel_fd);
+  if (absl::IsCancelled(r.status())) return;
   auto fail = [&](absl::string_view status, absl::StatusCode code,
                   const std::string& message) {
     if (!point.ok()) return;  // the first failure is the point's
@@ -258,6 +260,25 @@ void RunOnce(const std::string& self, const Workload& w,
   point.runs.push_back(std::move(result));
 }
 
+std::vector<size_t> RunOrder(size_t points, int repeats, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<size_t> order;
+  std::vector<size_t> round(points);
+  for (int r = 0; r < repeats; ++r) {
+    std::iota(round.begin(), round.end(), 0);
+    if (r > 0) {
+      std::shuffle(round.begin(), round.end(), rng);
+      // A point that ran last must not run again straight away: after a
+      // run like itself its start-up is cheaper (see RunTune).
+      if (points > 1 && round.front() == order.back()) {
+        std::swap(round.front(), round.back());
+      }
+    }
+    order.insert(order.end(), round.begin(), round.end());
+  }
+  return order;
+}
+
 // Folds a point's runs into its figures: medians of the rates and times,
 // the worst run's failure counts.
 void Aggregate(const Workload& w, bool mlock_off, Point& p) {
@@ -268,14 +289,17 @@ void Aggregate(const Workload& w, bool mlock_off, Point& p) {
     startup.push_back(run["startup_seconds"].get<double>());
     init.push_back(run["init_seconds"].get<double>());
   }
-  // The run whose throughput is the median supplies the other figures.
+  // The run whose throughput is closest to the median supplies the other
+  // figures; on a tie (an even number of runs) the slower one, so that the
+  // order of the runs does not matter.
   const double median_gbps = Median(gbps).get<double>();
   const Json* mid = &p.runs.front();
   for (const Json& run : p.runs) {
-    if (std::abs(run["gbps"].get<double>() - median_gbps) <
-        std::abs((*mid)["gbps"].get<double>() - median_gbps)) {
-      mid = &run;
-    }
+    const double g = run["gbps"].get<double>();
+    const double mid_g = (*mid)["gbps"].get<double>();
+    const double d = std::abs(g - median_gbps);
+    const double mid_d = std::abs(mid_g - median_gbps);
+    if (d < mid_d || (d == mid_d && g < mid_g)) mid = &run;
   }
   auto worst = [&](const char* key) {
     uint64_t m = 0;
@@ -353,137 +377,254 @@ std::string ThresholdText(const Point& p) {
              : "the default threshold";
 }
 
-// Why a point cannot be recommended, or "" when it can (throughput aside).
+// Why a point may not be recommended. The first that applies counts.
+enum class Flaw {
+  kNone,
+  kDidNotRun,  // failed, invalid, crashed or timeout
+  kResourceExhausted,
+  kFailedTransfers,
+  kUnlocked,  // its region could not be locked (and TPUSHIM_MLOCK != off)
+};
+
+Flaw FlawOf(const Point& p) {
+  if (!p.ok()) return Flaw::kDidNotRun;
+  if (p.Count("resource_exhausted") > 0) return Flaw::kResourceExhausted;
+  if (p.Count("failed_transfers") > 0) return Flaw::kFailedTransfers;
+  if (p.figures["unlocked"].get<bool>()) return Flaw::kUnlocked;
+  return Flaw::kNone;
+}
+
+// Why a point cannot be recommended, or "" when it ran cleanly.
 std::string Disqualified(const Point& p) {
-  if (!p.ok()) return absl::StrCat(p.status);
-  if (p.Count("resource_exhausted") > 0) {
-    return absl::StrCat(p.Count("resource_exhausted"), " RESOURCE_EXHAUSTED");
+  switch (FlawOf(p)) {
+    case Flaw::kNone:
+      return "";
+    case Flaw::kDidNotRun:
+      return p.status;
+    case Flaw::kResourceExhausted:
+      return absl::StrCat(p.Count("resource_exhausted"), " RESOURCE_EXHAUSTED");
+    case Flaw::kFailedTransfers:
+      return absl::StrCat(p.Count("failed_transfers"), " failed transfers");
+    case Flaw::kUnlocked:
+      return "its region could not be locked";
   }
-  if (p.Count("failed_transfers") > 0) {
-    return absl::StrCat(p.Count("failed_transfers"), " failed transfers");
-  }
-  if (p.figures["unlocked"].get<bool>())
-    return "its region could not be locked";
   return "";
 }
 
-Json Recommend(const std::vector<Point>& points) {
-  // The best throughput of the points that could be recommended: a point
-  // whose application buffers fell back (RESOURCE_EXHAUSTED) may run faster
-  // by doing less, and must not disqualify every correct setting.
-  double best = 0;
-  const Point* best_point = nullptr;
-  for (const Point& p : points) {
-    if (Disqualified(p).empty() && p.gbps() > best) {
-      best = p.gbps();
-      best_point = &p;
+// Sweep order: size, then thresholds ascending, `default` last.
+bool SweepLess(const Point* a, const Point* b) {
+  if (a->size != b->size) return a->size < b->size;
+  if (a->threshold_set.has_value() != b->threshold_set.has_value()) {
+    return a->threshold_set.has_value();
+  }
+  return a->threshold_set.value_or(0) < b->threshold_set.value_or(0);
+}
+
+// "a", "a and b", "a, b and c".
+std::string JoinAnd(const std::vector<std::string>& items) {
+  if (items.size() <= 1) return absl::StrJoin(items, "");
+  return absl::StrCat(absl::StrJoin(items.begin(), items.end() - 1, ", "),
+                      " and ", items.back());
+}
+
+// The one sentence that says why no point could be recommended.
+std::string WhyNone(const std::vector<const Point*>& points) {
+  int exhausted = 0, failed_transfers = 0, unlocked = 0;
+  std::map<std::string, int> statuses;  // of the points that did not run
+  for (const Point* p : points) {
+    switch (FlawOf(*p)) {
+      case Flaw::kNone:
+        break;
+      case Flaw::kDidNotRun:
+        ++statuses[p->status];
+        break;
+      case Flaw::kResourceExhausted:
+        ++exhausted;
+        break;
+      case Flaw::kFailedTransfers:
+        ++failed_transfers;
+        break;
+      case Flaw::kUnlocked:
+        ++unlocked;
+        break;
     }
   }
-  if (best_point == nullptr) {
-    return {{"found", false},
-            {"best_gbps", nullptr},
-            {"reason",
-             "No point ran without RESOURCE_EXHAUSTED or failed transfers "
-             "(and with a locked region); try larger sizes or fewer pinned "
-             "buffers."}};
+  // (count, what they had), e.g. (2, "had RESOURCE_EXHAUSTED").
+  std::vector<std::pair<int, std::string>> counts;
+  if (exhausted > 0) counts.emplace_back(exhausted, "had RESOURCE_EXHAUSTED");
+  if (failed_transfers > 0) {
+    counts.emplace_back(failed_transfers, "had failed transfers");
   }
-  // Good enough: within 95% of the best, or, with repeats, not
-  // distinguishable from it (its fastest run at least the best point's
-  // slowest): on a noisy machine a median below the bar may be noise.
-  const bool repeated = best_point->runs.size() > 1;
-  auto within_spread = [&](const Point& p) {
-    return repeated && p.gbps_max() >= best_point->gbps_min();
+  if (unlocked > 0) counts.emplace_back(unlocked, "could not lock the region");
+  for (const auto& [status, n] : statuses) {
+    counts.emplace_back(n, status == "timeout"   ? "timed out"
+                           : status == "crashed" ? "crashed"
+                           : status == "invalid" ? "had an invalid setting"
+                                                 : "failed to run");
+  }
+  std::vector<std::string> parts;
+  for (const auto& [n, what] : counts) {
+    parts.push_back(points.size() == 1 ? what : absl::StrCat(n, " ", what));
+  }
+  std::string sentence = absl::StrCat(
+      "No point ran cleanly, so there is nothing to recommend (",
+      points.size() == 1 ? "the one point "
+                         : absl::StrCat("of the ", points.size(), " points, "),
+      JoinAnd(parts), ")");
+  if (exhausted > 0) {
+    absl::StrAppend(&sentence,
+                    "; larger sizes or fewer pinned buffers may fit");
+  }
+  absl::StrAppend(&sentence, ".");
+  return sentence;
+}
+
+Recommendation Recommend(const std::vector<Point>& points) {
+  // Everything below walks the points in sweep order, whatever order they
+  // came in, so that ties and the reason's wording do not depend on it.
+  std::vector<const Point*> sorted;
+  for (const Point& p : points) sorted.push_back(&p);
+  std::stable_sort(sorted.begin(), sorted.end(), SweepLess);
+  // Only clean points: a point whose application buffers fell back
+  // (RESOURCE_EXHAUSTED) may run faster by doing less, and must not set the
+  // bar.
+  std::vector<const Point*> clean;
+  for (const Point* p : sorted) {
+    if (FlawOf(*p) == Flaw::kNone) clean.push_back(p);
+  }
+  if (clean.empty()) return {.json = nullptr, .why_none = WhyNone(sorted)};
+
+  // The best: the highest median; on a tie the one whose slowest run is
+  // faster (the steadier), then the first in sweep order.
+  const Point* best = clean.front();
+  for (const Point* p : clean) {
+    if (p->gbps() > best->gbps() ||
+        (p->gbps() == best->gbps() && p->gbps_min() > best->gbps_min())) {
+      best = p;
+    }
+  }
+  const double best_gbps = best->gbps();
+  const double bar = kGoodEnough * best_gbps;
+  // A smaller setting replaces the best only when even its slowest run
+  // reaches the bar: a median above it may be one lucky run.
+  auto eligible = [&](const Point* p) {
+    return p == best || p->gbps_min() >= bar;
   };
-  auto good_enough = [&](const Point& p) {
-    return p.gbps() >= kGoodEnough * best || within_spread(p);
-  };
+  // The smallest eligible size (clean is in size order), and at it the
+  // highest median.
   const Point* chosen = nullptr;
-  for (const Point& p : points) {
-    if (!Disqualified(p).empty() || !good_enough(p)) continue;
-    if (chosen == nullptr || p.size < chosen->size ||
-        (p.size == chosen->size && p.gbps() > chosen->gbps())) {
-      chosen = &p;
+  for (const Point* p : clean) {
+    if (!eligible(p)) continue;
+    if (chosen == nullptr ||
+        (p->size == chosen->size && p->gbps() > chosen->gbps())) {
+      chosen = p;
     }
   }
-  // Why each smaller size lost: its best qualifying point's shortfall, or,
-  // when none qualified, its first point's disqualification.
+  // Within noise: at least two clean points, and every clean point's range
+  // of runs overlaps the best point's, so none can be told from the best.
+  const bool within_noise =
+      clean.size() > 1 &&
+      std::all_of(clean.begin(), clean.end(), [&](const Point* p) {
+        return p->gbps_max() >= best->gbps_min() &&
+               p->gbps_min() <= best->gbps_max();
+      });
+  const bool repeated = best->runs.size() > 1;
+
+  // Why each smaller size lost: its clean point with the fastest slowest
+  // run, or, when none ran cleanly, its least bad point.
   std::vector<std::string> losers;
-  std::set<uint64_t> seen;
-  for (const Point& p : points) {
-    if (p.size >= chosen->size || !seen.insert(p.size).second) continue;
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    const uint64_t size = sorted[i]->size;
+    if (size >= chosen->size) break;
+    if (i > 0 && sorted[i - 1]->size == size) continue;
     const Point* best_here = nullptr;
-    // Else the least bad point at this size: fewest failures, not crashed.
     const Point* least_bad = nullptr;
     int at_size = 0;
-    auto badness = [](const Point& q) {
-      return q.ok()
-                 ? q.Count("resource_exhausted") + q.Count("failed_transfers")
+    auto badness = [](const Point* q) {
+      return q->ok()
+                 ? q->Count("resource_exhausted") + q->Count("failed_transfers")
                  : std::numeric_limits<uint64_t>::max();
     };
-    for (const Point& q : points) {
-      if (q.size != p.size) continue;
+    for (size_t j = i; j < sorted.size() && sorted[j]->size == size; ++j) {
+      const Point* q = sorted[j];
       ++at_size;
-      if (Disqualified(q).empty()) {
-        if (best_here == nullptr || q.gbps() > best_here->gbps())
-          best_here = &q;
-      } else if (least_bad == nullptr || badness(q) < badness(*least_bad)) {
-        least_bad = &q;
+      if (FlawOf(*q) == Flaw::kNone) {
+        if (best_here == nullptr || q->gbps_min() > best_here->gbps_min()) {
+          best_here = q;
+        }
+      } else if (least_bad == nullptr || badness(q) < badness(least_bad)) {
+        least_bad = q;
       }
     }
     if (best_here != nullptr) {
       // Rounded down: a point just under the bar must not read "95%".
-      losers.push_back(absl::StrFormat(
-          "%s reached only %.0f%% of the best throughput%s", SizeName(p.size),
-          std::floor(100 * best_here->gbps() / best),
-          repeated ? absl::StrFormat(" (its fastest run %.2f GB/s)",
-                                     best_here->gbps_max())
-                   : ""));
+      const double pct = std::floor(100 * best_here->gbps_min() / best_gbps);
+      losers.push_back(
+          repeated
+              ? absl::StrFormat(
+                    "%s's slowest run reached only %.0f%% of the best "
+                    "median (%.2f GB/s)",
+                    SizeName(size), pct, best_here->gbps_min())
+              : absl::StrFormat("%s reached only %.0f%% of the best throughput",
+                                SizeName(size), pct));
     } else {
-      losers.push_back(absl::StrCat(SizeName(p.size), " had ",
+      losers.push_back(absl::StrCat(SizeName(size), " had ",
                                     Disqualified(*least_bad),
                                     at_size > 1 ? " at best" : ""));
     }
   }
+
   std::string reason = absl::StrCat(
       SizeName(chosen->size), " with ", ThresholdText(*chosen),
       " is the smallest size that ran without RESOURCE_EXHAUSTED or failed "
       "transfers and ");
-  if (chosen == best_point) {
-    absl::StrAppend(
-        &reason,
-        absl::StrFormat("it had the best throughput (%.2f GB/s)", best));
-  } else {
+  if (chosen == best) {
+    absl::StrAppend(&reason,
+                    absl::StrFormat("it had the best %sthroughput (%.2f GB/s)",
+                                    repeated ? "median " : "", best_gbps));
+  } else if (repeated) {
     absl::StrAppend(
         &reason, absl::StrFormat(
-                     "reached %.0f%% of the best throughput (%.2f of %.2f "
-                     "GB/s, at %s with %s)",
-                     100 * chosen->gbps() / best, chosen->gbps(), best,
-                     SizeName(best_point->size), ThresholdText(*best_point)));
-    if (chosen->gbps() < kGoodEnough * best) {
-      absl::StrAppend(
-          &reason,
-          absl::StrFormat(", within the run-to-run spread of the best (its "
-                          "runs: %.2f-%.2f GB/s)",
-                          best_point->gbps_min(), best_point->gbps_max()));
-    }
+                     "whose slowest run reached %.0f%% of the best median "
+                     "throughput (%.2f of %.2f GB/s, at %s with %s)",
+                     100 * chosen->gbps_min() / best_gbps, chosen->gbps_min(),
+                     best_gbps, SizeName(best->size), ThresholdText(*best)));
+  } else {
+    absl::StrAppend(
+        &reason,
+        absl::StrFormat("reached %.0f%% of the best throughput (%.2f of %.2f "
+                        "GB/s, at %s with %s)",
+                        100 * chosen->gbps() / best_gbps, chosen->gbps(),
+                        best_gbps, SizeName(best->size), ThresholdText(*best)));
   }
   if (!losers.empty()) {
     absl::StrAppend(&reason, "; ", absl::StrJoin(losers, ", "));
   }
   absl::StrAppend(&reason, ".");
+  if (within_noise) {
+    absl::StrAppend(
+        &reason,
+        absl::StrFormat(
+            " Within noise: every clean point's runs overlap the best "
+            "point's (%.2f-%.2f GB/s), so this sweep cannot tell them apart; "
+            "more --repeats or a longer --seconds may.",
+            best->gbps_min(), best->gbps_max()));
+  }
 
   Json env = {{kSizeVariable, absl::StrCat(chosen->size)}};
   if (chosen->threshold_set) {
     env[kThresholdVariable] = absl::StrCat(*chosen->threshold_set);
   }
-  return {{"found", true},
-          {"size_bytes", chosen->size},
-          {"threshold_bytes", chosen->figures["threshold_bytes"]},
-          {"environment", std::move(env)},
-          {"gbps", chosen->gbps()},
-          {"fraction_of_best", chosen->gbps() / best},
-          {"best_gbps", best},
-          {"reason", reason}};
+  return {.json = {{"size_bytes", chosen->size},
+                   {"threshold_bytes", chosen->figures["threshold_bytes"]},
+                   {"environment", std::move(env)},
+                   {"gbps", chosen->gbps()},
+                   {"gbps_range", chosen->figures["gbps_range"]},
+                   {"fraction_of_best", chosen->gbps() / best_gbps},
+                   {"best_gbps", best_gbps},
+                   {"within_noise", within_noise},
+                   {"reason", reason}},
+          .why_none = {}};
 }
 
 }  // namespace tpushim::tools::tune_internal

@@ -1,5 +1,9 @@
 #include "tools/tune_workload.h"
 
+#include <signal.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -678,7 +682,16 @@ void RegisterTunePointCommand(CLI::App& app, CommandContext& context) {
   auto workload = std::make_shared<std::string>();
   point->add_option("--workload", *workload, "The workload, as JSON")
       ->required();
-  point->callback([workload, &context] { RunTunePoint(*workload, context); });
+  point->callback([workload, &context] {
+    // A point dies with the sweep that started it, even one killed with
+    // SIGKILL, which cannot stop its children: it holds pinned memory.
+    // The sweep waits for it, so a parent already gone is init.
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() == 1) {
+      context.exit_code = kExitFailure;
+      return;
+    }
+    RunTunePoint(*workload, context);
+  });
 }
 
 }  // namespace tpushim::tools

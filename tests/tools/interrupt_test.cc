@@ -182,6 +182,47 @@ TEST_P(InterruptTest, BenchJson) {
   EXPECT_TRUE(interrupted) << r.out;
 }
 
+// The sweep's children (tune-point, each holding a region) are stopped
+// with it; the points not run are reported as interrupted.
+TEST_P(InterruptTest, Tune) {
+  const Interrupted r = RunAndInterrupt(
+      {"tune", "--sizes", "16M,32M,64M", "--repeats", "1", "--seconds", "3",
+       "--json"},
+      Env(), signal(), absl::Milliseconds(2500));
+  ExpectEndedBySignal(r);
+  const Json j = Json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["partial"], true);
+  bool interrupted = false;
+  for (const Json& p : j["points"]) interrupted |= p["status"] == "interrupted";
+  EXPECT_TRUE(interrupted) << r.out;
+}
+
+// SIGKILL cannot be handled: the tune-point children must still go, by
+// themselves (PR_SET_PDEATHSIG), instead of holding pinned memory.
+TEST(InterruptKillTest, TuneChildrenDieWithAKilledSweep) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  testutil::TempDir logs;
+  const Interrupted r = RunAndInterrupt(
+      {"tune", "--sizes", "16M,32M", "--repeats", "1", "--seconds", "5"},
+      {"TPU_LOG_DIR=" + logs.path(), "TPUSHIM_DEVICE=sim://?hbm=64M",
+       "PATH=/usr/bin:/bin"},
+      SIGKILL, absl::Milliseconds(2500));
+  EXPECT_TRUE(r.left_behind.empty())
+      << "left running: " << absl::StrJoin(r.left_behind, ", ");
+}
+
+TEST_P(InterruptTest, Stress) {
+  const Interrupted r = RunAndInterrupt(
+      {"stress", "--seconds", "60", "--json"}, Env(), signal(),
+      absl::Milliseconds(1500));
+  ExpectEndedBySignal(r);
+  const Json j = Json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["partial"], true);
+  EXPECT_EQ(j["violations"].size(), 0u) << r.out;
+}
+
 INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest,
                          ::testing::Values(SIGINT, SIGTERM), [](const auto& p) {
                            return p.param == SIGINT ? "Sigint" : "Sigterm";

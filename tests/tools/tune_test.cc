@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -38,6 +39,20 @@ using Json = nlohmann::ordered_json;
 // A quick workload: 200 transfers of 64K..1M per point.
 const std::vector<std::string> kQuick = {"--transfer-sizes",
                                          "loguniform:64K-1M", "--count", "200"};
+
+bool Has(const std::vector<std::string>& args, const std::string& flag) {
+  return std::find(args.begin(), args.end(), flag) != args.end();
+}
+
+// `args` with the quick workload unless they set their own length, and one
+// run per point unless they set --repeats (the default, 3, is tested on
+// its own).
+std::vector<std::string> Quick(std::vector<std::string> args) {
+  if (!Has(args, "--count"))
+    args.insert(args.end(), kQuick.begin(), kQuick.end());
+  if (!Has(args, "--repeats")) args.insert(args.end(), {"--repeats", "1"});
+  return args;
+}
 
 class TuneTest : public ::testing::Test {
  protected:
@@ -66,10 +81,7 @@ class TuneTest : public ::testing::Test {
   }
   Json RunJson(std::vector<std::string> args, int expected_exit = 0,
                std::vector<std::string> env = {}) {
-    // The quick workload unless the test sets its own length.
-    if (std::find(args.begin(), args.end(), "--count") == args.end()) {
-      args.insert(args.end(), kQuick.begin(), kQuick.end());
-    }
+    args = Quick(std::move(args));
     args.push_back("--json");
     SubprocessResult r = Run(args, env);
     EXPECT_EQ(r.exit_code, expected_exit) << r.out << r.err;
@@ -92,9 +104,11 @@ std::vector<std::string> Keys(const Json& object) {
 TEST_F(TuneTest, ThreePointSweepReportsResourceExhaustedAtTheSmallestSize) {
   const Json j = RunJson({"--sizes", "8M,32M,64M", "--pinned-buffers", "3",
                           "--pinned-bytes", "4M"});
-  EXPECT_THAT(Keys(j), ::testing::ElementsAre("workload", "device", "repeats",
-                                              "dropped_combinations", "points",
-                                              "recommendation", "plot"));
+  EXPECT_THAT(Keys(j),
+              ::testing::ElementsAre(
+                  "workload", "device", "repeats", "dropped_combinations",
+                  "points", "recommendation", "no_recommendation_reason",
+                  "plot", "partial", "interrupted_by"));
   ASSERT_EQ(j["points"].size(), 3u);
   const Json& small = j["points"][0];
   EXPECT_EQ(small["size_bytes"], 8u << 20);
@@ -132,7 +146,13 @@ TEST_F(TuneTest, ThreePointSweepReportsResourceExhaustedAtTheSmallestSize) {
   EXPECT_EQ(j["points"][1]["path_share"]["staged"], 1.0);
 
   const Json& rec = j["recommendation"];
-  ASSERT_EQ(rec["found"], true) << rec.dump();
+  ASSERT_TRUE(rec.is_object()) << j.dump();
+  EXPECT_TRUE(j["no_recommendation_reason"].is_null());
+  EXPECT_THAT(Keys(rec), ::testing::ElementsAre(
+                             "size_bytes", "threshold_bytes", "environment",
+                             "gbps", "gbps_range", "fraction_of_best",
+                             "best_gbps", "within_noise", "reason"));
+  EXPECT_TRUE(rec["within_noise"].is_boolean());
   EXPECT_NE(rec["size_bytes"], 8u << 20);
   EXPECT_EQ(rec["environment"]["TPU_PREMAPPED_BUFFER_SIZE"],
             absl::StrCat(rec["size_bytes"].get<uint64_t>()));
@@ -146,10 +166,8 @@ TEST_F(TuneTest, ThreePointSweepReportsResourceExhaustedAtTheSmallestSize) {
 }
 
 TEST_F(TuneTest, TableShowsEveryPointAndTheRecommendation) {
-  std::vector<std::string> args = {
-      "--sizes", "8M,16M", "--pinned-buffers", "3", "--pinned-bytes", "4M"};
-  args.insert(args.end(), kQuick.begin(), kQuick.end());
-  SubprocessResult r = Run(args);
+  SubprocessResult r = Run(Quick(
+      {"--sizes", "8M,16M", "--pinned-buffers", "3", "--pinned-bytes", "4M"}));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_THAT(
       r.out,
@@ -162,10 +180,8 @@ TEST_F(TuneTest, TableShowsEveryPointAndTheRecommendation) {
 }
 
 TEST_F(TuneTest, CsvHasTheDocumentedHeaderAndOneLinePerPoint) {
-  std::vector<std::string> args = {"--sizes", "8M,16M", "--thresholds",
-                                   "256K,default", "--csv"};
-  args.insert(args.end(), kQuick.begin(), kQuick.end());
-  SubprocessResult r = Run(args);
+  SubprocessResult r = Run(
+      Quick({"--sizes", "8M,16M", "--thresholds", "256K,default", "--csv"}));
   EXPECT_EQ(r.exit_code, 0) << r.err;
   std::vector<std::string> lines;
   std::istringstream in(r.out);
@@ -173,10 +189,16 @@ TEST_F(TuneTest, CsvHasTheDocumentedHeaderAndOneLinePerPoint) {
   ASSERT_EQ(lines.size(), 5u) << r.out;
   EXPECT_EQ(lines[0],
             "size_bytes,threshold_bytes,threshold_set,status,startup_seconds,"
-            "pinned_host_bytes,region_locked,gbps,transfers,zero_copy_share,"
-            "staged_share,pinned_share,staging_wait_seconds,resource_exhausted,"
-            "failed_transfers,fallbacks,input_bound,error");
+            "pinned_host_bytes,region_locked,gbps,gbps_min,gbps_max,transfers,"
+            "zero_copy_share,staged_share,pinned_share,staging_wait_seconds,"
+            "resource_exhausted,failed_transfers,fallbacks,input_bound,error");
   EXPECT_THAT(lines[1], StartsWith("8388608,262144,262144,ok,"));
+  // One run: gbps, gbps_min and gbps_max are that run's.
+  const std::vector<std::string> cells = absl::StrSplit(lines[1], ',');
+  ASSERT_GE(cells.size(), 10u);
+  EXPECT_NE(cells[7], "");
+  EXPECT_EQ(cells[8], cells[7]);
+  EXPECT_EQ(cells[9], cells[7]);
   EXPECT_THAT(lines[2], StartsWith("8388608,8388608,,ok,"));
   EXPECT_THAT(lines[4], StartsWith("16777216,16777216,,ok,"));
 }
@@ -240,7 +262,10 @@ TEST_F(TuneTest, APointOverItsTimeLimitIsKilledAndReported) {
   ASSERT_EQ(j["points"].size(), 1u);
   EXPECT_EQ(j["points"][0]["status"], "timeout");
   EXPECT_EQ(j["points"][0]["error"]["code"], "DEADLINE_EXCEEDED");
-  EXPECT_EQ(j["recommendation"]["found"], false);
+  EXPECT_TRUE(j["recommendation"].is_null());
+  EXPECT_EQ(j["no_recommendation_reason"],
+            "No point ran cleanly, so there is nothing to recommend (the one "
+            "point timed out).");
 }
 
 TEST_F(TuneTest, ACrashedChildIsReportedWithItsSignal) {
@@ -250,7 +275,7 @@ TEST_F(TuneTest, ACrashedChildIsReportedWithItsSignal) {
       "/bin/sh",
       {"-c", absl::StrCat("ulimit -S -t 1; exec ", TPUSHIM_TOOL_PATH,
                           " tune --sizes 8M --seconds 30 --streams 2 "
-                          "--transfer-sizes 1M --json")},
+                          "--transfer-sizes 1M --repeats 1 --json")},
       Env(), absl::Seconds(120));
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 1) << r->out << r->err;
@@ -303,8 +328,57 @@ TEST_F(TuneTest, AWorkloadTooBigForTheDeviceFailsItsPointsSayingSo) {
 TEST_F(TuneTest, RepeatsRunEachPointThatManyTimes) {
   const Json j = RunJson({"--sizes", "8M", "--repeats", "2"});
   EXPECT_EQ(j["repeats"], 2);
-  EXPECT_EQ(j["points"][0]["status"], "ok");
-  EXPECT_EQ(j["points"][0]["transfers"], 200);
+  const Json& p = j["points"][0];
+  EXPECT_EQ(p["status"], "ok");
+  EXPECT_EQ(p["transfers"], 200);
+  // The median of two runs lies in their range.
+  const Json& range = p["gbps_range"];
+  EXPECT_LE(range[0].get<double>(), p["gbps"].get<double>());
+  EXPECT_LE(p["gbps"].get<double>(), range[1].get<double>());
+  EXPECT_EQ(j["recommendation"]["gbps_range"], range);
+}
+
+// Without --repeats every point runs three times, and the table shows each
+// point's median and range.
+TEST_F(TuneTest, ThreeRunsPerPointByDefaultWithTheRangeInTheTable) {
+  const SubprocessResult r =
+      Run({"--sizes", "8M,16M", "--count", "20", "--transfer-sizes", "64K"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr("tpushim tune: 2 points, 3 runs each"),
+                           HasSubstr(" RANGE "),
+                           ::testing::ContainsRegex(
+                               "\n  8M +default +ok .* "
+                               "[0-9]+\\.[0-9]{2}-[0-9]+\\.[0-9]{2} "),
+                           HasSubstr("the median of the runs; RANGE = "
+                                     "slowest-fastest run")));
+}
+
+// Every point had RESOURCE_EXHAUSTED: the application's three 4M buffers
+// fit neither a 4M nor an 8M region. No recommendation, exit status 1.
+TEST_F(TuneTest, NoCleanPointMeansNoRecommendationAndExitStatusOne) {
+  const std::vector<std::string> args = {
+      "--sizes", "4M,8M", "--pinned-buffers", "3", "--pinned-bytes", "4M"};
+  const Json j = RunJson(args, /*expected_exit=*/1);
+  ASSERT_EQ(j["points"].size(), 2u);
+  for (const Json& p : j["points"]) {
+    EXPECT_EQ(p["status"], "ok");
+    EXPECT_GE(p["resource_exhausted"].get<uint64_t>(), 1u) << p.dump();
+  }
+  EXPECT_TRUE(j["recommendation"].is_null());
+  const std::string why =
+      "No point ran cleanly, so there is nothing to recommend (of the 2 "
+      "points, 2 had RESOURCE_EXHAUSTED); larger sizes or fewer pinned "
+      "buffers may fit.";
+  EXPECT_EQ(j["no_recommendation_reason"], why);
+  SubprocessResult table = Run(Quick(args));
+  EXPECT_EQ(table.exit_code, 1) << table.err;
+  EXPECT_THAT(table.out,
+              HasSubstr(absl::StrCat("Recommendation: none.\n  ", why, "\n")));
+  std::vector<std::string> csv_args = Quick(args);
+  csv_args.push_back("--csv");
+  SubprocessResult csv = Run(csv_args);
+  EXPECT_EQ(csv.exit_code, 1);
+  EXPECT_THAT(csv.err, HasSubstr(absl::StrCat("tpushim tune: ", why, "\n")));
 }
 
 TEST_F(TuneTest, PlotWritesAnSvgWithBothPanels) {
@@ -365,7 +439,11 @@ TEST_F(TuneTest, HelpNamesTheJsonFields) {
   EXPECT_THAT(
       r.out,
       AllOf(HasSubstr("--pinned-buffers"), HasSubstr("\"recommendation\""),
-            HasSubstr("resource_exhausted"), HasSubstr("Examples:")));
+            HasSubstr("resource_exhausted"), HasSubstr("Examples:"),
+            HasSubstr("--repeats N (default 3)"),
+            HasSubstr("slowest run reaches 95% of the best median"),
+            HasSubstr("within_noise"), HasSubstr("no_recommendation_reason"),
+            HasSubstr("gbps_min,gbps_max")));
 }
 
 }  // namespace
