@@ -38,7 +38,9 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 class TestRegion {
  public:
   explicit TestRegion(uint64_t size)
-      : size_(size), memory_(std::aligned_alloc(4096, size)) {}
+      // aligned_alloc wants a multiple of the alignment (ASan insists).
+      : size_(size),
+        memory_(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096)) {}
   ~TestRegion() { std::free(memory_); }
   void* base() const { return memory_; }
   uint64_t size() const { return size_; }
