@@ -11,6 +11,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -23,6 +24,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
+#include "tests/tools/stress_in_process.h"
 #include "tools/command.h"
 #include "tools/stress.h"
 #include "tools/stress_internal.h"
@@ -38,46 +40,14 @@ using testutil::TempDir;
 
 using Json = nlohmann::ordered_json;
 
-Os* TestOs() {
-  static auto* os =
-      new FixedEnvironmentOs(Os::Default(), {{"TPU_LOG_DIR", "disabled"}});
-  return os;
-}
+using Outcome = StressOutcome;
 
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs `tpushim stress <args>` in this process, as tools/tpushim_main.cc
-// does.
+// Runs `tpushim stress <args>` in this process.
 Outcome Stress(std::vector<std::string> args) {
-  std::ostringstream out;
-  std::ostringstream err;
-  CommandContext context{TestOs(), &out, &err};
-  CLI::App app("tpushim", "tpushim");
-  RegisterStressCommand(app, context);
-  args.insert(args.begin(), {"tpushim", "stress"});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  Outcome outcome;
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-    outcome.exit_code = context.exit_code;
-  } catch (const CLI::ParseError& e) {
-    outcome.exit_code = app.exit(e, out, err) == 0 ? kExitOk : kExitUsage;
-  }
-  outcome.out = out.str();
-  outcome.err = err.str();
-  return outcome;
+  return RunStressInProcess(std::move(args));
 }
 
-Json ParseJson(const std::string& text) {
-  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(json.is_discarded()) << text;
-  return json;
-}
+Json ParseJson(const std::string& text) { return ParseStressJson(text); }
 
 std::vector<uint64_t> CountsByOp(const Json& report) {
   std::vector<uint64_t> counts;

@@ -18,6 +18,7 @@
 #include <sstream>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "CLI/CLI.hpp"
@@ -33,6 +34,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
+#include "tests/tools/stress_in_process.h"
 #include "tools/command.h"
 #include "tools/stress.h"
 #include "tools/stress_internal.h"
@@ -66,45 +68,14 @@ using testutil::TempDir;
 
 using Json = nlohmann::ordered_json;
 
-Os* TestOs() {
-  static auto* os =
-      new FixedEnvironmentOs(Os::Default(), {{"TPU_LOG_DIR", "disabled"}});
-  return os;
-}
-
-struct Outcome {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
+using Outcome = StressOutcome;
 
 // Runs `tpushim stress <args>` in this process.
 Outcome Stress(std::vector<std::string> args) {
-  std::ostringstream out;
-  std::ostringstream err;
-  CommandContext context{TestOs(), &out, &err};
-  CLI::App app("tpushim", "tpushim");
-  RegisterStressCommand(app, context);
-  args.insert(args.begin(), {"tpushim", "stress"});
-  std::vector<char*> argv;
-  for (std::string& a : args) argv.push_back(a.data());
-  Outcome outcome;
-  try {
-    app.parse(static_cast<int>(argv.size()), argv.data());
-    outcome.exit_code = context.exit_code;
-  } catch (const CLI::ParseError& e) {
-    outcome.exit_code = app.exit(e, out, err) == 0 ? kExitOk : kExitUsage;
-  }
-  outcome.out = out.str();
-  outcome.err = err.str();
-  return outcome;
+  return RunStressInProcess(std::move(args));
 }
 
-Json ParseJson(const std::string& text) {
-  Json json = Json::parse(text, nullptr, /*allow_exceptions=*/false);
-  EXPECT_FALSE(json.is_discarded()) << text;
-  return json;
-}
+Json ParseJson(const std::string& text) { return ParseStressJson(text); }
 
 // Corrupts one byte of one transfer's arrival, identified by its bytes (size
 // and content) rather than by its thread and index, which a subset of the
@@ -336,7 +307,7 @@ TEST(StressShrinkRefusalTest, NothingToShrinkLeavesNoFile) {
   EXPECT_THAT(o.err,
               HasSubstr("replays without a violation: nothing to shrink"));
   EXPECT_EQ(ReadFileOrEmpty(dir.Join("small.jsonl")), "");
-  EXPECT_FALSE(TestOs()->Stat(dir.Join("small.jsonl")).ok());
+  EXPECT_FALSE(StressTestOs()->Stat(dir.Join("small.jsonl")).ok());
 }
 
 TEST(StressShrinkRefusalTest, ShrinkNeedsReplayAndAFile) {
