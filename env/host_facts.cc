@@ -490,6 +490,8 @@ absl::Status HostClash::ToStatus() const {
       return absl::ResourceExhaustedError(message);
     case Check::kThp:
       return absl::FailedPreconditionError(message);
+    case Check::kLogDirectory:
+      return absl::FailedPreconditionError(message);
     case Check::kNumaNode:
       return absl::InvalidArgumentError(message);
   }

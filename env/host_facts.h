@@ -95,7 +95,14 @@ absl::StatusOr<HostFacts> ReadHostFacts(Os& os);
 // Where the configuration and the host disagree.
 struct HostClash {
   enum class Level { kWarning, kError };
-  enum class Check { kMemory, kMemlock, kHugetlb, kThp, kNumaNode };
+  enum class Check {
+    kMemory,
+    kMemlock,
+    kHugetlb,
+    kThp,
+    kNumaNode,
+    kLogDirectory
+  };
   Level level = Level::kWarning;
   Check check = Check::kMemory;
   std::string message;  // one sentence, says what to change

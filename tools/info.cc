@@ -1,9 +1,12 @@
 #include "tools/info.h"
 
+#include <unistd.h>
+
 #include <cstdint>
 #include <optional>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -13,6 +16,7 @@
 #include "common/human_bytes.h"
 #include "env/host_facts.h"
 #include "env/options.h"
+#include "logging/log_directory.h"
 #include "nlohmann/json.hpp"
 #include "tools/text_table.h"
 
@@ -217,6 +221,37 @@ Json ChecksJson(const std::vector<HostClash>& clashes) {
 
 // ---- The command -----------------------------------------------------------
 
+// A TPU_LOG_DIR start-up could not log to, checked without creating
+// anything: something other than a directory there, or a directory this
+// user cannot write. (A missing directory is fine: start-up creates it.)
+std::optional<HostClash> LogDirectoryClash(const Options& options, Os& os) {
+  if (options.log_files_disabled() || options.log_dir.value.empty()) {
+    return std::nullopt;
+  }
+  const std::string& dir = options.log_dir.value;
+  absl::StatusOr<FileInfo> info = os.Stat(dir);
+  if (!info.ok()) return std::nullopt;
+  std::string problem;
+  if (info->type != FileInfo::Type::kDirectory) {
+    problem = info->type == FileInfo::Type::kRegular
+                  ? "is a regular file, not a directory"
+                  : "is not a directory";
+  } else if (!os.Access(dir, W_OK | X_OK).ok()) {
+    problem = "is a directory you cannot write to";
+  } else {
+    return std::nullopt;
+  }
+  HostClash clash;
+  clash.level = HostClash::Level::kWarning;
+  clash.check = HostClash::Check::kLogDirectory;
+  clash.message = absl::StrCat(
+      "TPU_LOG_DIR=", dir, " ", problem, "; start-up would log to ",
+      logging::internal::FallbackLogDirectory(os),
+      " instead (set TPU_LOG_DIR to a directory you can write, or "
+      "TPU_LOG_DIR=disabled for no log files)");
+  return clash;
+}
+
 void RunInfo(bool json, CommandContext& context) {
   absl::StatusOr<Options> options = ResolveOptions(*context.os);
   if (!options.ok()) {
@@ -230,8 +265,11 @@ void RunInfo(bool json, CommandContext& context) {
                 kExitFailure, context);
     return;
   }
-  const std::vector<HostClash> clashes =
-      CheckOptionsAgainstHost(*options, *facts);
+  std::vector<HostClash> clashes = CheckOptionsAgainstHost(*options, *facts);
+  if (std::optional<HostClash> logs =
+          LogDirectoryClash(*options, *context.os)) {
+    clashes.push_back(*std::move(logs));
+  }
   std::ostream& out = *context.out;
   if (json) {
     WriteJson({{"config", ConfigJson(*options)},

@@ -5,17 +5,20 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/subprocess.h"
+#include "tests/testing/temp_dir.h"
 
 namespace tpushim {
 namespace {
@@ -203,6 +206,34 @@ TEST(InfoTest, JsonShowsAnEmptyValueAsAnEmptyString) {
   ASSERT_FALSE(entry.is_null());
   EXPECT_EQ(entry["value"], "");
   EXPECT_THAT(RunTool({"info"}).out, HasSubstr("TPU_VMODULE"));
+}
+
+// A TPU_LOG_DIR that is a regular file is not OK: start-up would fall back
+// to another directory, and info says so without creating anything.
+TEST(InfoTest, LogDirectoryThatIsAFileIsAWarningNotOk) {
+  testutil::TempDir dir;
+  const std::string file = dir.Join("not_a_dir");
+  {
+    std::ofstream out(file);
+    out << "x";
+  }
+  SubprocessResult r = RunTool({"info"}, {"TPU_LOG_DIR=" + file});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(
+      r.out,
+      AllOf(HasSubstr(absl::StrCat("WARNING: TPU_LOG_DIR=", file,
+                                   " is a regular file, not a directory; "
+                                   "start-up would log to /tmp/tpu_logs_")),
+            Not(HasSubstr("OK: the configuration fits"))));
+  r = RunTool({"info", "--json"}, {"TPU_LOG_DIR=" + file});
+  bool found = false;
+  const Json j = ParseJson(r.out);
+  for (const Json& c : j["checks"]) {
+    found |= c["message"].get<std::string>().find("TPU_LOG_DIR=") !=
+             std::string::npos;
+  }
+  EXPECT_TRUE(found) << r.out;
+  EXPECT_EQ(testutil::ReadFileOrEmpty(file), "x") << "info changed the file";
 }
 
 TEST(InfoTest, JsonCarriesResolutionWarnings) {
