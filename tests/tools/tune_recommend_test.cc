@@ -359,10 +359,14 @@ int SmallerChosen(double small, double large, double noise, int repeats,
 }
 
 // Over many noisy sweeps: a smaller size truly at 92 % of the larger (below
-// the bar) is rarely recommended, one truly at 99 % almost always is.
+// the bar) is rarely recommended, one truly at 99 % almost always is. The
+// draws are fixed by the seeds; the first came to 49 of 1000 when written.
+// (The rule before the bar on the slowest run, a fastest run reaching the
+// best point's slowest, took the smaller size in about 36 % of such
+// sweeps.)
 TEST(TuneRecommendTest, NoisySweepsRarelyRecommendASettingBelowTheBar) {
   const int below = SmallerChosen(9.2, 10.0, 0.06, 3, 1000, 1);
-  EXPECT_LE(below, 50) << "of 1000";
+  EXPECT_LE(below, 80) << "of 1000";
   const int above = SmallerChosen(9.9, 10.0, 0.01, 3, 1000, 2);
   EXPECT_GE(above, 950) << "of 1000";
 }
@@ -398,57 +402,3 @@ TEST(TuneRunOrderTest, FirstRoundInSweepOrderThenShuffledNeverTwiceInARow) {
 
 }  // namespace
 }  // namespace tpushim::tools::tune_internal
-// TEMP-SIM-BEGIN
-namespace tpushim::tools::tune_internal {
-namespace {
-int OldPickSmall(const std::vector<Point>& pts) {
-  const Point* best = &pts[0];
-  for (const Point& p : pts)
-    if (p.gbps() > best->gbps()) best = &p;
-  const bool repeated = best->runs.size() > 1;
-  auto good = [&](const Point& p) {
-    return p.gbps() >= 0.95 * best->gbps() ||
-           (repeated && p.gbps_max() >= best->gbps_min());
-  };
-  return good(pts[0]) ? 1 : 0;
-}
-TEST(TuneSim, DISABLED_OldVsNew) {
-  struct S {
-    double small, noise;
-  };
-  for (S s : {S{9.2, 0.06}, S{9.0, 0.10}, S{9.7, 0.06}, S{9.9, 0.01},
-              S{10.0, 0.10}, S{9.4, 0.03}}) {
-    for (int reps : {1, 3, 5}) {
-      std::mt19937_64 rng(1);
-      int old_small = 0, new_small = 0, differ = 0, wn = 0;
-      const int N = 10000;
-      for (int i = 0; i < N; ++i) {
-        std::vector<double> a, b;
-        for (int r = 0; r < reps; ++r) {
-          a.push_back(s.small * (1 + s.noise * (2 * Unit(rng) - 1)));
-          b.push_back(10.0 * (1 + s.noise * (2 * Unit(rng) - 1)));
-        }
-        std::vector<Point> pts = {MakePoint(8, std::nullopt, a),
-                                  MakePoint(16, std::nullopt, b)};
-        const int o = OldPickSmall(pts);
-        const Recommendation rec = Recommend(pts);
-        const int n = rec.json["size_bytes"] == 8 * kMiB ? 1 : 0;
-        wn += rec.json["within_noise"].get<bool>();
-        old_small += o;
-        new_small += n;
-        differ += o != n;
-      }
-      printf(
-          "small=%.1f noise=%.0f%% reps=%d: old picks small %.1f%%, new "
-          "%.1f%%, differ %.1f%%, within_noise %.1f%%; rerun disagreement old "
-          "%.1f%% new %.1f%%\n",
-          s.small, s.noise * 100, reps, 100.0 * old_small / N,
-          100.0 * new_small / N, 100.0 * differ / N, 100.0 * wn / N,
-          200.0 * old_small / N * (1 - 1.0 * old_small / N),
-          200.0 * new_small / N * (1 - 1.0 * new_small / N));
-    }
-  }
-}
-}  // namespace
-}  // namespace tpushim::tools::tune_internal
-// TEMP-SIM-END

@@ -355,9 +355,15 @@ TEST_F(TuneTest, ThreeRunsPerPointByDefaultWithTheRangeInTheTable) {
 
 // Every point had RESOURCE_EXHAUSTED: the application's three 4M buffers
 // fit neither a 4M nor an 8M region. No recommendation, exit status 1.
+// Twenty transfers: with no staging room each waits out the staging
+// timeout before it falls back to per-call pinning.
 TEST_F(TuneTest, NoCleanPointMeansNoRecommendationAndExitStatusOne) {
   const std::vector<std::string> args = {
-      "--sizes", "4M,8M", "--pinned-buffers", "3", "--pinned-bytes", "4M"};
+      "--sizes",          "4M,8M",
+      "--pinned-buffers", "3",
+      "--pinned-bytes",   "4M",
+      "--count",          "20",
+      "--transfer-sizes", "loguniform:64K-1M"};
   const Json j = RunJson(args, /*expected_exit=*/1);
   ASSERT_EQ(j["points"].size(), 2u);
   for (const Json& p : j["points"]) {
