@@ -67,12 +67,14 @@ run_asan() {
 run_tsan() {
   # GCC warns that TSan ignores atomic_thread_fence (the ring overflow uses
   # one between atomics), and with TSan's instrumentation its
-  # -Wnull-dereference misfires inside CLI11's std::string moves: warnings,
-  # not errors, in this job.
+  # -Wnull-dereference misfires inside CLI11's std::string moves and its
+  # -Wmaybe-uninitialized inside std::optional<Event>'s move (stress
+  # worker): warnings, not errors, in this job (the release job keeps them
+  # errors for the same code).
   cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo \
     -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_BUILD_EXAMPLES=OFF \
     -DTPUSHIM_VM_TESTS=OFF \
-    -DCMAKE_CXX_FLAGS="-fsanitize=thread -Wno-error=tsan -Wno-error=null-dereference" \
+    -DCMAKE_CXX_FLAGS="-fsanitize=thread -Wno-error=tsan -Wno-error=null-dereference -Wno-error=maybe-uninitialized" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=thread" \
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=thread"
   # Only what the concurrency suites need (the stress suite runs the tool).
