@@ -491,7 +491,10 @@ absl::Status HostClash::ToStatus() const {
     case Check::kThp:
       return absl::FailedPreconditionError(message);
     case Check::kLogDirectory:
+    case Check::kVfioDevice:
       return absl::FailedPreconditionError(message);
+    case Check::kVfioDeviceMissing:
+      return absl::NotFoundError(message);
     case Check::kNumaNode:
       return absl::InvalidArgumentError(message);
   }

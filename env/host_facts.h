@@ -14,7 +14,6 @@
 #define TPUSHIM_ENV_HOST_FACTS_H_
 
 #include <cstdint>
-#include <optional>
 #include <string>
 #include <vector>
 
@@ -101,15 +100,18 @@ struct HostClash {
     kHugetlb,
     kThp,
     kNumaNode,
-    kLogDirectory
+    kLogDirectory,
+    kVfioDevice,        // the vfio:// function cannot be opened as it is
+    kVfioDeviceMissing  // no such PCI function
   };
   Level level = Level::kWarning;
   Check check = Check::kMemory;
   std::string message;  // one sentence, says what to change
 
   // The error start-up returns for this clash: RESOURCE_EXHAUSTED for
-  // memory, memlock and hugetlb pages, FAILED_PRECONDITION for THP,
-  // INVALID_ARGUMENT for the NUMA node.
+  // memory, memlock and hugetlb pages, FAILED_PRECONDITION for THP, the log
+  // directory and a vfio:// function that cannot be opened, NOT_FOUND for a
+  // vfio:// function that does not exist, INVALID_ARGUMENT for the NUMA node.
   absl::Status ToStatus() const;
 };
 

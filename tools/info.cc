@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "common/human_bytes.h"
+#include "device/vfio/host_use.h"
 #include "env/host_facts.h"
 #include "env/options.h"
 #include "logging/log_directory.h"
@@ -252,6 +253,26 @@ std::optional<HostClash> LogDirectoryClash(const Options& options, Os& os) {
   return clash;
 }
 
+// For a vfio:// device, the verdict start-up would give on its PCI
+// function — not bound to vfio-pci (with the commands to bind it only when
+// the host uses nothing behind it), no IOMMU group — plus what start-up
+// learns only from the kernel: other members of the IOMMU group that keep
+// it from being usable.
+std::optional<HostClash> VfioDeviceClash(const Options& options, Os& os) {
+  const DeviceUrl& device = options.device.value;
+  if (device.scheme != DeviceUrl::Scheme::kVfio) return std::nullopt;
+  const absl::Status verdict =
+      CheckVfioHost(os, device.pci_address.ToString(),
+                    VfioHostCheck{.check_group = true}, nullptr);
+  if (verdict.ok()) return std::nullopt;
+  HostClash clash;
+  clash.level = HostClash::Level::kError;
+  clash.check = absl::IsNotFound(verdict) ? HostClash::Check::kVfioDeviceMissing
+                                          : HostClash::Check::kVfioDevice;
+  clash.message = std::string(verdict.message());
+  return clash;
+}
+
 void RunInfo(bool json, CommandContext& context) {
   absl::StatusOr<Options> options = ResolveOptions(*context.os);
   if (!options.ok()) {
@@ -269,6 +290,10 @@ void RunInfo(bool json, CommandContext& context) {
   if (std::optional<HostClash> logs =
           LogDirectoryClash(*options, *context.os)) {
     clashes.push_back(*std::move(logs));
+  }
+  if (std::optional<HostClash> device =
+          VfioDeviceClash(*options, *context.os)) {
+    clashes.push_back(*std::move(device));
   }
   std::ostream& out = *context.out;
   if (json) {

@@ -20,6 +20,7 @@
 #include "absl/strings/strip.h"
 #include "common/human_bytes.h"
 #include "common/status_macros.h"
+#include "device/vfio/host_use.h"
 #include "logging/log.h"
 
 namespace tpushim {
@@ -27,33 +28,10 @@ namespace {
 
 constexpr char kContainerPath[] = "/dev/vfio/vfio";
 
-std::string Basename(absl::string_view path) {
-  const size_t slash = path.rfind('/');
-  return std::string(slash == absl::string_view::npos ? path
-                                                      : path.substr(slash + 1));
-}
-
 // Adds context in front of a status's message, keeping its code.
 absl::Status Annotate(const absl::Status& status, absl::string_view context) {
   return absl::Status(status.code(),
                       absl::StrCat(context, ": ", status.message()));
-}
-
-// The driver a PCI function is bound to, "" for none.
-std::string DriverOf(Os& os, const std::string& sysfs) {
-  absl::StatusOr<std::string> link = os.ReadLink(sysfs + "/driver");
-  return link.ok() ? Basename(*link) : "";
-}
-
-std::string BindHint(const std::string& sysfs, const std::string& bdf,
-                     const std::string& driver) {
-  std::string hint =
-      absl::StrCat("echo vfio-pci > ", sysfs, "/driver_override; ");
-  if (!driver.empty()) {
-    absl::StrAppend(&hint, "echo ", bdf, " > ", sysfs, "/driver/unbind; ");
-  }
-  absl::StrAppend(&hint, "echo ", bdf, " > /sys/bus/pci/drivers_probe");
-  return hint;
 }
 
 // VmLck of this process in bytes: what RLIMIT_MEMLOCK is charged with.
@@ -156,40 +134,16 @@ absl::StatusOr<std::unique_ptr<VfioDevice>> VfioDevice::Open(
   return device;
 }
 
-absl::Status VfioDevice::CheckHost(const std::string& sysfs) {
-  const std::string bdf = name();
-  if (!os_->Stat(sysfs).ok()) {
-    return absl::NotFoundError(
-        absl::StrCat("no PCI function ", bdf, " on this host (", sysfs,
-                     " does not exist; lspci -D lists the functions)"));
-  }
-  const std::string driver = DriverOf(*os_, sysfs);
-  if (driver != "vfio-pci") {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PCI function ", bdf, " is ",
-        driver.empty() ? "not bound to any driver"
-                       : absl::StrCat("bound to ", driver),
-        ", not to vfio-pci; bind it with: ", BindHint(sysfs, bdf, driver)));
-  }
-  absl::StatusOr<std::string> group = os_->ReadLink(sysfs + "/iommu_group");
-  if (!group.ok()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "PCI function ", bdf,
-        " has no IOMMU group: the IOMMU is off; boot the kernel with "
-        "intel_iommu=on (Intel) or amd_iommu=on (AMD) and check that "
-        "/sys/kernel/iommu_groups is not empty"));
-  }
-  if (!absl::SimpleAtoi(Basename(*group), &group_number_)) {
-    return absl::InternalError(
-        absl::StrCat("cannot read the IOMMU group of ", bdf, " from ", *group));
-  }
-  return absl::OkStatus();
+absl::Status VfioDevice::CheckHost() {
+  // The sysfs side: the function, its driver, its group, and advice to
+  // rebind only when the host uses nothing behind it.
+  return CheckVfioHost(*os_, name(), {}, &group_number_);
 }
 
 absl::Status VfioDevice::Setup(const Options& options) {
   const std::string bdf = name();
   const std::string sysfs = absl::StrCat("/sys/bus/pci/devices/", bdf);
-  TPUSHIM_RETURN_IF_ERROR(CheckHost(sysfs));
+  TPUSHIM_RETURN_IF_ERROR(CheckHost());
   if (absl::StatusOr<std::string> node = os_->ReadFile(sysfs + "/numa_node");
       node.ok()) {
     int n = -1;
@@ -259,37 +213,15 @@ absl::Status VfioDevice::Setup(const Options& options) {
                                      &group_status, "VFIO_GROUP_GET_STATUS")
                               .status());
   if ((group_status.flags & VFIO_GROUP_FLAGS_VIABLE) == 0) {
-    std::vector<std::string> others;
-    const std::string members =
-        absl::StrCat("/sys/kernel/iommu_groups/", group_number_, "/devices");
-    if (absl::StatusOr<std::vector<std::string>> names =
-            os_->ListDirectory(members);
-        names.ok()) {
-      std::sort(names->begin(), names->end());
-      for (const std::string& other : *names) {
-        const std::string path = absl::StrCat("/sys/bus/pci/devices/", other);
-        const std::string driver = DriverOf(*os_, path);
-        // Drivers that manage DMA themselves (vfio-pci, pci-stub, pcieport:
-        // driver_managed_dma) leave a group viable, as bridges (PCI class
-        // 0x0604) did on older kernels, and so does having no driver.
-        const absl::StatusOr<std::string> pci_class =
-            os_->ReadFile(path + "/class");
-        const bool bridge =
-            pci_class.ok() &&
-            absl::StartsWith(absl::StripAsciiWhitespace(*pci_class), "0x0604");
-        if (other != bdf && !driver.empty() && driver != "vfio-pci" &&
-            driver != "pci-stub" && driver != "pcieport" && !bridge) {
-          others.push_back(absl::StrCat(other, " (bound to ", driver, ")"));
-        }
-      }
+    // The kernel says the group is not viable; sysfs says who is in the way.
+    std::string message = GroupNotViable(*os_, group_number_, bdf);
+    if (message.empty()) {
+      message = absl::StrCat(
+          "IOMMU group ", group_number_, " of ", bdf,
+          " is not viable: every device in it must be bound to vfio-pci or "
+          "to no driver, and some are not");
     }
-    return absl::FailedPreconditionError(absl::StrCat(
-        "IOMMU group ", group_number_, " of ", bdf,
-        " is not viable: every device in it must be bound to vfio-pci or to "
-        "no driver, and ",
-        others.empty() ? std::string("some are not")
-                       : absl::StrJoin(others, ", "),
-        others.size() == 1 ? " is not" : (others.empty() ? "" : " are not")));
+    return absl::FailedPreconditionError(message);
   }
   if ((group_status.flags & VFIO_GROUP_FLAGS_CONTAINER_SET) == 0) {
     TPUSHIM_RETURN_IF_ERROR(os_->Ioctl(group_fd_, VFIO_GROUP_SET_CONTAINER,

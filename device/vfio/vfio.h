@@ -178,7 +178,7 @@ class VfioDevice {
  private:
   VfioDevice(const PciAddress& address, Os* os);
   absl::Status Setup(const Options& options);
-  absl::Status CheckHost(const std::string& sysfs);
+  absl::Status CheckHost();
   absl::Status CheckMemlock(uint64_t more_bytes);
 
   const PciAddress address_;

@@ -40,6 +40,7 @@
 #include "env/os.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fake_tree.h"
 #include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
@@ -282,6 +283,10 @@ struct FakeHost {
   bool ipc_lock = false;
   uint64_t memlock_soft = ResourceLimit::kUnlimited;
   uint64_t vmlck_kib = 0;  // locked besides what the IOMMU pins
+
+  // The rest of sysfs and procfs (disks, mounts, interfaces): what the host
+  // uses behind the function, read before any advice to rebind it.
+  FakeTree tree = FakeTree::QuietHost();
 };
 
 // Where the fake puts the config space and BAR 0 in the device descriptor
@@ -385,6 +390,7 @@ class FakeVfioOs : public OsWrapper {
         return DriverLink(driver);
       }
     }
+    if (auto answer = host_.tree.ReadLink(path)) return *answer;
     return NoSuchFile("readlink", path);
   }
 
@@ -400,6 +406,7 @@ class FakeVfioOs : public OsWrapper {
                           "VmLck:\t", host_.vmlck_kib + pinned / kKiB,
                           " kB\nVmPin:\t       0 kB\n");
     }
+    if (auto answer = host_.tree.ReadFile(path)) return *answer;
     return NoSuchFile("open", path);
   }
 
@@ -416,6 +423,7 @@ class FakeVfioOs : public OsWrapper {
       names.push_back(host_.address);
       return names;
     }
+    if (auto answer = host_.tree.ListDirectory(path)) return *answer;
     return NoSuchFile("opendir", path);
   }
 
@@ -1475,7 +1483,7 @@ TEST(VfioDeviceOpenTest, GroupNotViableNamesEveryMemberBoundElsewhere) {
                                      {"0000:01:00.1", "snd_hda_intel"}},
                    .viable = false});
   ExpectError(s, absl::StatusCode::kFailedPrecondition,
-              {"0000:01:00.1 (bound to snd_hda_intel), 0000:01:00.2 (bound "
+              {"0000:01:00.1 (bound to snd_hda_intel); 0000:01:00.2 (bound "
                "to xhci_hcd) are not"});
 }
 

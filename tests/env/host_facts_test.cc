@@ -578,6 +578,9 @@ TEST(CheckOptionsAgainstHostTest, EachClashMapsToItsStatusCode) {
       {HostClash::Check::kHugetlb, absl::StatusCode::kResourceExhausted},
       {HostClash::Check::kThp, absl::StatusCode::kFailedPrecondition},
       {HostClash::Check::kNumaNode, absl::StatusCode::kInvalidArgument},
+      {HostClash::Check::kLogDirectory, absl::StatusCode::kFailedPrecondition},
+      {HostClash::Check::kVfioDevice, absl::StatusCode::kFailedPrecondition},
+      {HostClash::Check::kVfioDeviceMissing, absl::StatusCode::kNotFound},
   };
   for (const auto& [check, code] : kCases) {
     HostClash clash{HostClash::Level::kError, check, "why"};
