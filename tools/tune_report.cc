@@ -254,11 +254,13 @@ void PrintTable(const std::vector<Point>& points, const Workload& w,
 // ------------------------------------------------------------------------------
 
 absl::Status WriteFile(const std::string& path, const std::string& text) {
+  errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   out << text;
   out.close();
   if (!out) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("cannot write ", path));
+    return absl::ErrnoToStatus(errno == 0 ? EIO : errno,
+                               absl::StrCat("cannot write ", path));
   }
   return absl::OkStatus();
 }
@@ -279,6 +281,11 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
   const std::string data = dir + "/points.dat";
   const std::string marks = dir + "/exhausted.dat";
   const std::string script = dir + "/plot.gp";
+  // gnuplot writes here and the file is copied to `file` with every write
+  // checked: gnuplot does not report a failed write (a full disk), and the
+  // user's path needs no quoting in the script.
+  const bool png = absl::EndsWith(file, ".png");
+  const std::string image = dir + (png ? "/plot.png" : "/plot.svg");
 
   std::vector<std::string> labels;  // one data block per threshold setting
   std::map<std::string, std::vector<const Point*>> blocks;
@@ -320,12 +327,11 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
   for (const auto& [bytes, name] : tics) {
     tic_list.push_back(absl::StrCat("\"", name, "\" ", bytes));
   }
-  const bool png = absl::EndsWith(file, ".png");
   std::ostringstream gp;
   gp << (png ? "set terminal pngcairo size 1000,800 font 'sans,10'\n"
              : "set terminal svg size 1000,800 dynamic font 'sans,11' "
                "background '#ffffff'\n");
-  gp << "set output '" << file << "'\n"
+  gp << "set output '" << image << "'\n"
      << "set termoption noenhanced\n"
      << "set multiplot layout 2,1 title \"tpushim tune\\n"
      << absl::StrReplaceAll(WorkloadSummary(w, device), {{"\"", "'"}})
@@ -370,7 +376,18 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
           "gnuplot failed (exit ", r->exit_code, "): ", Tail(r->err, 5)));
     }
   }
-  for (const std::string& f : {data, marks, script}) unlink(f.c_str());
+  if (status.ok()) {
+    std::ifstream in(image, std::ios::binary);
+    std::ostringstream contents;
+    contents << in.rdbuf();
+    if (!in || contents.str().empty()) {
+      status = absl::InternalError(
+          absl::StrCat("gnuplot wrote no image (", image, ")"));
+    } else {
+      status = WriteFile(file, contents.str());
+    }
+  }
+  for (const std::string& f : {data, marks, script, image}) unlink(f.c_str());
   rmdir(dir.c_str());
   return status;
 }

@@ -401,6 +401,26 @@ TEST_F(TuneTest, PlotWritesAnSvgWithBothPanels) {
             HasSubstr("default threshold"), HasSubstr("RESOURCE_EXHAUSTED")));
 }
 
+// A plot that cannot be written is a failure naming the file and why,
+// even though gnuplot itself does not notice a full disk.
+TEST_F(TuneTest, PlotToAFullDiskFailsWithExit1) {
+  const std::string svg = absl::StrCat(dir_.path(), "/full.svg");
+  ASSERT_EQ(symlink("/dev/full", svg.c_str()), 0);
+  const Json j =
+      RunJson({"--sizes", "8M", "--thresholds", "default", "--pinned-buffers",
+               "3", "--pinned-bytes", "4M", "--plot", svg},
+              /*expected_exit=*/1);
+  EXPECT_TRUE(j["plot"].is_null());
+  std::vector<std::string> args =
+      Quick({"--sizes", "8M", "--thresholds", "default", "--pinned-buffers",
+             "3", "--pinned-bytes", "4M", "--plot", svg});
+  SubprocessResult r = Run(args);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, AllOf(HasSubstr(absl::StrCat("--plot ", svg)),
+                           HasSubstr("No space left on device")));
+  EXPECT_THAT(r.out, Not(HasSubstr(absl::StrCat("Plot: ", svg))));
+}
+
 TEST_F(TuneTest, PlotWithoutGnuplotSaysSoBeforeRunning) {
   SubprocessResult r =
       Run({"--sizes", "8M", "--plot", "x.svg"}, {"PATH=/nonexistent"});
