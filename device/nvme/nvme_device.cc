@@ -91,12 +91,13 @@ absl::StatusOr<Cqe> NvmeDevice::AdminCommand(Sqe sqe, absl::string_view what) {
   const int64_t deadline = os_->MonotonicNanos() + ready_timeout_ns_;
   while (true) {
     volatile Cqe* slot = &admin_cq_[admin_cq_head_];
-    if ((slot->status & 1) == admin_phase_) {
+    const uint16_t status_field = LoadDmaField(&slot->status);
+    if ((status_field & 1) == admin_phase_) {
       DmaReadBarrier();
       Cqe cqe;
       cqe.result = slot->result;
       cqe.command_id = slot->command_id;
-      cqe.status = slot->status;
+      cqe.status = status_field;
       admin_cq_head_ = (admin_cq_head_ + 1) % kAdminDepth;
       if (admin_cq_head_ == 0) admin_phase_ ^= 1;
       RingDoorbell(0, true, admin_cq_head_);

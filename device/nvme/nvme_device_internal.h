@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -172,6 +173,10 @@ class NvmeDevice final : public Device {
   uint64_t BuildPrp(Queue& q, uint16_t cid, uint64_t iova, uint64_t bytes,
                     uint64_t* prp2) ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu);
   void Worker(Queue& q);
+  // Stops the controller under commands that never completed, once for
+  // every queue: clears CC.EN and waits (CAP.TO) for CSTS.RDY = 0, after
+  // which it moves no more data. True when it stopped.
+  bool AbortController();
   // The controller's registers (BAR0), with the ordering device/mmio.h
   // gives: a doorbell write comes after the entries it publishes.
   Mmio regs() const { return Mmio(bar_.base, bar_.size); }
@@ -211,6 +216,8 @@ class NvmeDevice final : public Device {
   // Set when a worker disabled the controller to stop commands that never
   // completed: teardown then skips the orderly admin commands.
   std::atomic<bool> controller_disabled_{false};
+  Mutex abort_mu_;
+  std::optional<bool> abort_stopped_ ABSL_GUARDED_BY(abort_mu_);
 
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::unique_ptr<RegionAllocator> allocator_;

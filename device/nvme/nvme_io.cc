@@ -260,9 +260,9 @@ void NvmeDevice::Reap(Queue& q) {
   bool reaped = false;
   while (true) {
     volatile Cqe* entry = &q.cq[q.cq_head];
-    if ((entry->status & 1) != q.phase) break;
+    const uint16_t status = LoadDmaField(&entry->status);
+    if ((status & 1) != q.phase) break;
     DmaReadBarrier();
-    const uint16_t status = entry->status;
     const uint16_t cid = entry->command_id;
     q.cq_head = (q.cq_head + 1) % q.depth;
     if (q.cq_head == 0) q.phase ^= 1;
@@ -376,8 +376,9 @@ void NvmeDevice::Worker(Queue& q) {
     LOG(ERROR) << info_.name << ": commands still outstanding "
                << (now - stuck_since) / 1'000'000
                << " ms into shut-down; disabling the controller";
-    regs().Write32(kRegCc, regs().Read32(kRegCc) & ~kCcEnable);
-    controller_disabled_.store(true, std::memory_order_release);
+    // Until CSTS.RDY reads 0 the controller may still be moving data: only
+    // then are the commands' buffers, bounce slots included, free again.
+    const bool stopped = AbortController();
     MutexLock lock(&q.mu);
     for (uint32_t cid = 0; cid < q.depth; ++cid) {
       if (std::find(q.free_cids.begin(), q.free_cids.end(), cid) !=
@@ -386,15 +387,32 @@ void NvmeDevice::Worker(Queue& q) {
       }
       Command& c = q.commands[cid];
       Pending& p = q.slots[c.slot];
-      Fail(p, absl::AbortedError(
-                  absl::StrCat(info_.name,
-                               " did not complete the command in time; the "
-                               "controller was disabled")));
+      Fail(p, absl::AbortedError(absl::StrCat(
+                  info_.name,
+                  " did not complete the command in time; the controller was "
+                  "disabled",
+                  stopped ? "" : " but did not stop within CAP.TO")));
+      // A controller that did not stop may still write a bounce slot: it
+      // stays out of use until the function is reset at close.
+      if (c.stage != Stage::kData && stopped) q.free_bounce.push_back(c.bounce);
       q.free_cids.push_back(static_cast<uint16_t>(cid));
       --q.outstanding;
       if (--p.outstanding == 0) Finish(q, c.slot);
     }
   }
+}
+
+bool NvmeDevice::AbortController() {
+  MutexLock lock(&abort_mu_);
+  if (!abort_stopped_.has_value()) {
+    regs().Write32(kRegCc, regs().Read32(kRegCc) & ~kCcEnable);
+    controller_disabled_.store(true, std::memory_order_release);
+    const absl::Status stopped =
+        WaitReady(false, "aborting commands that never completed");
+    if (!stopped.ok()) LOG(ERROR) << stopped;
+    abort_stopped_ = stopped.ok();
+  }
+  return *abort_stopped_;
 }
 
 void NvmeDevice::Shutdown() {
