@@ -54,6 +54,8 @@ namespace tpushim::nvme_internal {
 inline constexpr uint32_t kNamespace = 1;
 // Largest command we build: its PRP list fits one page (512 entries).
 inline constexpr uint64_t kMaxCommandBytes = uint64_t{1} << 20;
+// How often a worker with commands out reads CSTS for a failed controller.
+inline constexpr int64_t kHealthCheckNs = 100'000'000;
 
 // What Identify told.
 struct Identity {
@@ -177,6 +179,13 @@ class NvmeDevice final : public Device {
   // every queue: clears CC.EN and waits (CAP.TO) for CSTS.RDY = 0, after
   // which it moves no more data. True when it stopped.
   bool AbortController();
+  // OK while the controller works; once CSTS says it failed (CFS), reset
+  // itself (RDY = 0 without our disable) or left the bus (all ones), the
+  // reason, for good: every later descriptor fails with it at once.
+  absl::Status ControllerHealth();
+  // Stops the controller (AbortController) and fails every command `q`
+  // has out with `why`.
+  void AbortOutstanding(Queue& q, const absl::Status& why);
   // The controller's registers (BAR0), with the ordering device/mmio.h
   // gives: a doorbell write comes after the entries it publishes.
   Mmio regs() const { return Mmio(bar_.base, bar_.size); }
@@ -218,6 +227,7 @@ class NvmeDevice final : public Device {
   std::atomic<bool> controller_disabled_{false};
   Mutex abort_mu_;
   std::optional<bool> abort_stopped_ ABSL_GUARDED_BY(abort_mu_);
+  absl::Status broken_ ABSL_GUARDED_BY(abort_mu_);
 
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::unique_ptr<RegionAllocator> allocator_;

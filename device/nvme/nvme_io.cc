@@ -54,6 +54,10 @@ void NvmeDevice::Fail(Pending& p, absl::Status status) {
 
 absl::Status NvmeDevice::Start(Queue& q, Pending& p) {
   const DmaDescriptor& d = p.d;
+  {
+    MutexLock lock(&abort_mu_);
+    if (!broken_.ok()) return broken_;
+  }
   const uint64_t block = id_.block_bytes;
   const bool d2d = q.direction == DmaDirection::kDeviceToDevice;
   if (d.length == 0 || d.length % block != 0 || d.device_address % block != 0 ||
@@ -327,6 +331,7 @@ void NvmeDevice::Worker(Queue& q) {
   }
   std::vector<DmaCompletion> done;
   int64_t stuck_since = 0;
+  int64_t last_health_check = os_->MonotonicNanos();
   std::vector<int> fds = {q.wake_fd};
   if (q.irq_fd >= 0) fds.push_back(q.irq_fd);
   for (;;) {
@@ -364,41 +369,85 @@ void NvmeDevice::Worker(Queue& q) {
       MutexLock lock(&q.mu);
       shutting_down = q.shutdown;
     }
+    const int64_t now = os_->MonotonicNanos();
+    if (busy && !shutting_down && now - last_health_check >= kHealthCheckNs) {
+      // A controller that failed, reset itself or left the bus completes
+      // nothing more: fail the commands rather than wait for ever.
+      last_health_check = now;
+      if (absl::Status health = ControllerHealth(); !health.ok()) {
+        AbortOutstanding(q, health);
+        continue;
+      }
+    }
     if (!shutting_down || !busy) {
       stuck_since = 0;
       continue;
     }
     // Shutting down with commands out: give them CAP.TO, then disable the
     // controller, which aborts them (its DMA stops), and fail them.
-    const int64_t now = os_->MonotonicNanos();
     if (stuck_since == 0) stuck_since = now;
     if (now - stuck_since < ready_timeout_ns_) continue;
     LOG(ERROR) << info_.name << ": commands still outstanding "
                << (now - stuck_since) / 1'000'000
                << " ms into shut-down; disabling the controller";
-    // Until CSTS.RDY reads 0 the controller may still be moving data: only
-    // then are the commands' buffers, bounce slots included, free again.
-    const bool stopped = AbortController();
-    MutexLock lock(&q.mu);
-    for (uint32_t cid = 0; cid < q.depth; ++cid) {
-      if (std::find(q.free_cids.begin(), q.free_cids.end(), cid) !=
-          q.free_cids.end()) {
-        continue;
-      }
-      Command& c = q.commands[cid];
-      Pending& p = q.slots[c.slot];
-      Fail(p, absl::AbortedError(absl::StrCat(
-                  info_.name,
-                  " did not complete the command in time; the controller was "
-                  "disabled",
-                  stopped ? "" : " but did not stop within CAP.TO")));
-      // A controller that did not stop may still write a bounce slot: it
-      // stays out of use until the function is reset at close.
-      if (c.stage != Stage::kData && stopped) q.free_bounce.push_back(c.bounce);
-      q.free_cids.push_back(static_cast<uint16_t>(cid));
-      --q.outstanding;
-      if (--p.outstanding == 0) Finish(q, c.slot);
+    AbortOutstanding(
+        q, absl::AbortedError(absl::StrCat(
+               info_.name,
+               " did not complete the command in time; the controller was "
+               "disabled")));
+  }
+}
+
+absl::Status NvmeDevice::ControllerHealth() {
+  MutexLock lock(&abort_mu_);
+  if (!broken_.ok()) return broken_;
+  if (controller_disabled_.load(std::memory_order_acquire)) {
+    return absl::OkStatus();
+  }
+  const uint32_t csts = regs().Read32(kRegCsts);
+  if (csts == 0xffffffff) {
+    broken_ = absl::UnavailableError(
+        absl::StrCat("NVMe controller ", info_.name,
+                     " reads as all ones under I/O: it is gone from the bus"));
+  } else if ((csts & kCstsFatal) != 0) {
+    broken_ = absl::InternalError(absl::StrCat(
+        "NVMe controller ", info_.name,
+        " reports a fatal status under I/O (CSTS=0x", absl::Hex(csts),
+        "); close and reopen the device to reset it"));
+  } else if ((csts & kCstsReady) == 0) {
+    broken_ = absl::UnavailableError(absl::StrCat(
+        "NVMe controller ", info_.name,
+        " was reset under I/O (CSTS.RDY=0); its queues are gone; close and "
+        "reopen the device"));
+  }
+  if (!broken_.ok()) LOG(ERROR) << broken_;
+  return broken_;
+}
+
+void NvmeDevice::AbortOutstanding(Queue& q, const absl::Status& why) {
+  // Until CSTS.RDY reads 0 the controller may still be moving data: only
+  // then are the commands' buffers, bounce slots included, free again.
+  const bool stopped = AbortController();
+  MutexLock lock(&q.mu);
+  for (uint32_t cid = 0; cid < q.depth; ++cid) {
+    if (std::find(q.free_cids.begin(), q.free_cids.end(), cid) !=
+        q.free_cids.end()) {
+      continue;
     }
+    Command& c = q.commands[cid];
+    Pending& p = q.slots[c.slot];
+    Fail(p, absl::Status(
+                why.code(),
+                absl::StrCat(why.message(),
+                             stopped ? ""
+                                     : "; the controller did not stop within "
+                                       "CAP.TO")));
+    // A controller that did not stop may still write a bounce slot: it
+    // stays out of use until the function is reset at close.
+    if (c.stage != Stage::kData && stopped) q.free_bounce.push_back(c.bounce);
+    q.free_cids.push_back(static_cast<uint16_t>(cid));
+    --q.outstanding;
+    if (--p.outstanding == 0) Finish(q, c.slot);
   }
 }
 

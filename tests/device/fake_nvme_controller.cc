@@ -91,11 +91,12 @@ void FakeNvmeController::Run() {
 void FakeNvmeController::Step() {
   const uint32_t cc = Load32(spec::kRegCc);
   const bool en = (cc & spec::kCcEnable) != 0;
-  if (en && !enabled_ && (Load32(spec::kRegCsts) & spec::kCstsFatal) == 0) {
-    Enable();
-  } else if (!en && enabled_) {
+  if (!en && (enabled_ || fatal_)) {
     Disable();
+    return;
   }
+  if (fatal_) return;
+  if (en && !enabled_) Enable();
   if (!enabled_) return;
   if (((cc >> 14) & 3) != 0 && !shut_down_) {
     shut_down_ = true;
@@ -116,6 +117,7 @@ void FakeNvmeController::Step() {
 
 void FakeNvmeController::Enable() {
   if (config_.fatal_on_enable) {
+    fatal_ = true;
     Store32(spec::kRegCsts, spec::kCstsFatal);
     return;
   }
@@ -139,6 +141,7 @@ void FakeNvmeController::Disable() {
   cqs_.clear();
   held_commands_.clear();
   enabled_ = false;
+  fatal_ = false;
   disables_.fetch_add(1);
   if (config_.disable_delay_ms > 0) {
     std::this_thread::sleep_for(
@@ -156,6 +159,7 @@ void FakeNvmeController::Fetch(uint16_t qid) {
         os_.Translate(sq.base + uint64_t{sq.head} * sizeof(Sqe), sizeof(Sqe));
     if (entry == nullptr) {
       // The queue itself is unreachable: a real controller goes fatal.
+      fatal_ = true;
       Store32(spec::kRegCsts, Load32(spec::kRegCsts) | spec::kCstsFatal);
       return;
     }
@@ -170,6 +174,20 @@ void FakeNvmeController::Fetch(uint16_t qid) {
       status = Admin(sqe, &cqe.result);
     } else {
       ++io_seen_;
+      if (io_seen_ == config_.fatal_at_io) {
+        fatal_ = true;
+        Store32(spec::kRegCsts, Load32(spec::kRegCsts) | spec::kCstsFatal);
+        return;
+      }
+      if (io_seen_ == config_.reset_at_io) {
+        sqs_.clear();
+        cqs_.clear();
+        held_commands_.clear();
+        enabled_ = false;
+        Store32(spec::kRegCc, 0);
+        Store32(spec::kRegCsts, 0);
+        return;
+      }
       if (config_.hold_io_from > 0 && io_seen_ >= config_.hold_io_from) {
         held_commands_.push_back(sqe);
         held_.fetch_add(1);
@@ -202,6 +220,7 @@ void FakeNvmeController::Flush(uint16_t cqid) {
     auto* entry = reinterpret_cast<Cqe*>(
         os_.Translate(cq.base + uint64_t{cq.tail} * sizeof(Cqe), sizeof(Cqe)));
     if (entry == nullptr) {
+      fatal_ = true;
       Store32(spec::kRegCsts, Load32(spec::kRegCsts) | spec::kCstsFatal);
       return;
     }

@@ -60,6 +60,11 @@ struct FakeNvmeConfig {
   uint16_t fail_status = 0x80;   // ... with this status code (LBA Out of Range)
   int hold_io_from = 0;  // n > 0: I/O commands from the n-th on never complete
   int disable_delay_ms = 0;  // from CC.EN = 0 to CSTS.RDY = 0
+  // n > 0: on receiving the n-th I/O command (which it never completes)
+  // the controller sets CSTS.CFS and stops working ...
+  int fatal_at_io = 0;
+  // ... or resets itself: CC and CSTS to 0, every queue gone.
+  int reset_at_io = 0;
 };
 
 class FakeNvmeController {
@@ -134,6 +139,7 @@ class FakeNvmeController {
 
   // The controller thread's own state.
   bool enabled_ = false;
+  bool fatal_ = false;  // CSTS.CFS set: nothing is processed until CC.EN = 0
   bool shut_down_ = false;
   std::map<uint16_t, Submission> sqs_;  // 0: admin
   std::map<uint16_t, Completion> cqs_;

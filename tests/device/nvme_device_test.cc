@@ -279,6 +279,54 @@ TEST_F(NvmeDeviceTest, CommandsThatNeverCompleteAreAbortedAfterRdyClears) {
   EXPECT_EQ(c->status.code(), absl::StatusCode::kAborted) << c->status;
 }
 
+// A controller that fails or resets itself under I/O completes nothing
+// more: the engine notices (CSTS), fails what is out with the reason, and
+// fails every later transfer at once with the same one.
+TEST_F(NvmeDeviceTest, FatalStatusUnderIoFailsTheTransfersOutAndLater) {
+  testutil::ScopedTestLogging logs;
+  ASSERT_TRUE(Open({.fatal_at_io = 2}).ok());
+  ASSERT_TRUE(Run(DmaDirection::kHostToDevice, 4096, 0, 0).ok());
+  const absl::Status failed = Run(DmaDirection::kHostToDevice, 4096, 0, 0);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kInternal) << failed;
+  EXPECT_THAT(std::string(failed.message()),
+              HasSubstr("reports a fatal status under I/O"));
+  const absl::Status later = Run(DmaDirection::kDeviceToHost, 4096, 0, 0);
+  EXPECT_EQ(later.code(), absl::StatusCode::kInternal) << later;
+  EXPECT_EQ(controller_->io_commands(), 1);  // the later one never went out
+}
+
+TEST_F(NvmeDeviceTest, ControllerResetUnderIoFailsTheTransfersOut) {
+  testutil::ScopedTestLogging logs;
+  ASSERT_TRUE(Open({.reset_at_io = 1}).ok());
+  const absl::Status failed = Run(DmaDirection::kDeviceToHost, 65536, 0, 0);
+  EXPECT_EQ(failed.code(), absl::StatusCode::kUnavailable) << failed;
+  EXPECT_THAT(std::string(failed.message()), HasSubstr("was reset under I/O"));
+}
+
+// More descriptors than the submission queue has entries: the engine keeps
+// at most depth - 1 commands out and issues the rest as entries free up.
+TEST_F(NvmeDeviceTest, MoreCommandsThanQueueEntriesAllComplete) {
+  ASSERT_TRUE(Open({.max_queue_entries = 4, .mdts = 0}).ok());
+  std::vector<DmaDescriptor> batch(32);
+  for (size_t i = 0; i < batch.size(); ++i) {
+    batch[i].user_data = 1000 + i;
+    batch[i].length = 8192;
+    batch[i].host_offset = i * 8192;
+    batch[i].device_address = i * 8192;
+    batch[i].host_window = window_;
+    batch[i].direction = DmaDirection::kHostToDevice;
+  }
+  Fill(host_.data, 32 * 8192, 21);
+  ASSERT_EQ(device_->Submit(DmaDirection::kHostToDevice, batch), 32u);
+  for (const DmaDescriptor& d : batch) {
+    std::optional<DmaCompletion> c = sink_.WaitFor(d.user_data);
+    ASSERT_TRUE(c.has_value());
+    EXPECT_TRUE(c->status.ok()) << c->status;
+  }
+  EXPECT_TRUE(std::equal(host_.data, host_.data + 32 * 8192,
+                         controller_->media().begin()));
+}
+
 TEST_F(NvmeDeviceTest, CloseDisablesTheControllerAndUnmapsEverything) {
   ASSERT_TRUE(Open().ok());
   ASSERT_TRUE(Run(DmaDirection::kHostToDevice, 4096, 0, 0).ok());
