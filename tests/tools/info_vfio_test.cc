@@ -138,6 +138,21 @@ TEST(InfoVfioTest, FunctionOnVfioPciFits) {
   EXPECT_THAT(run.out, HasSubstr("OK: the configuration fits this host"));
 }
 
+// What start-up learns only from the kernel, info reads from sysfs: a
+// member of the group on a driver that keeps the group from being viable.
+TEST(InfoVfioTest, GroupMemberOnAnotherDriverIsAnError) {
+  FakeTree tree = Host("vfio-pci", false);
+  tree.File("/sys/bus/pci/devices/0000:00:02.1/class", "0x040300\n")
+      .Link("/sys/bus/pci/devices/0000:00:02.1/driver",
+            "../../../bus/pci/drivers/snd_hda_intel")
+      .Dir("/sys/kernel/iommu_groups/5/devices/0000:00:02.1");
+  const InfoRun run = RunInfo(tree, /*json=*/false);
+  EXPECT_THAT(run.out,
+              AllOf(HasSubstr("ERROR: FAILED_PRECONDITION: IOMMU group 5 of "
+                              "0000:00:02.0 is not viable"),
+                    HasSubstr("0000:00:02.1 (bound to snd_hda_intel) is not")));
+}
+
 TEST(InfoVfioTest, MissingFunctionIsNotFound) {
   FakeTree tree = FakeTree::QuietHost();
   const InfoRun run = RunInfo(tree, /*json=*/false);
