@@ -108,6 +108,10 @@ struct DeviceInfo {
   // The unit of device memory: device addresses and descriptor lengths
   // are multiples of it (1 for sim://, the logical block size for NVMe).
   uint32_t block_bytes = 1;
+  // Host addresses the device can DMA are multiples of this (1 for sim://,
+  // 4 for NVMe, whose PRP entries are dword aligned). A host buffer that is
+  // not goes through staging, whose buffers always are.
+  uint32_t host_alignment = 1;
 };
 
 class Device {

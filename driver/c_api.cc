@@ -616,6 +616,10 @@ TpuShim_Error* SystemGetStats(TpuShim_System_GetStats_Args* args) {
     out->device_bytes_live = t.device_bytes_live;
     out->events_pending = t.events_pending;
     out->callbacks_run = t.callbacks_run;
+    if (out->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_Stats, staged_misaligned)) {
+      out->staged_misaligned = t.staged_misaligned;
+    }
     return absl::OkStatus();
   });
 }

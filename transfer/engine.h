@@ -107,6 +107,9 @@ struct Op {
   // Why a pinned transfer is pinned: 0 over threshold, 1 region off,
   // 2 staging timeout.
   int pin_reason = 0;
+  // The device cannot DMA the caller's buffer where it is (DeviceInfo::
+  // host_alignment): staging is its only path.
+  bool misaligned = false;
   int device = 0;             // the queue's device
   const char* src = nullptr;  // host source (to device)
   char* dst = nullptr;        // host destination (from device)
@@ -219,7 +222,12 @@ class Engine {
   absl::StatusOr<std::shared_ptr<Op>> NewDeviceToDeviceOp(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size);
-  TransferPath PathFor(const void* host, uint64_t size, int* reason) const;
+  // The path a host transfer to or from `device` takes; *reason says why
+  // it is pinned (0 over the threshold, 1 region off). *misaligned: the
+  // device cannot DMA the buffer where it is, so it is staged and must not
+  // fall back to pinning; *rerouted: it is staged only for that.
+  TransferPath PathFor(const void* host, uint64_t size, int device, int* reason,
+                       bool* misaligned, bool* rerouted) const;
   TransferEngine::Stats GetStats() const;
 
   static std::shared_ptr<Allocation> AllocationOf(const DeviceBuffer& b) {
@@ -313,6 +321,11 @@ class Engine {
                      absl::Span<const DmaCompletion> completions);
   void NextFromDevice(Op& op, Chunk& chunk, bool ok);
   void WarnPinned(const Op& op, int reason);
+  void WarnMisaligned(const Op& op, const void* host);
+  // The rate limit the fallback WARNINGs share: at most one every
+  // Config::fallback_warning_interval. False when this one is suppressed;
+  // else *suppressed is how many were since the last one printed.
+  bool TakeWarningTurn(uint64_t* suppressed);
 
   char* AcquireStaging(uint64_t bytes, int64_t deadline_ns, bool* waited);
   void ReleaseStaging(char* p, uint64_t bytes);
@@ -380,6 +393,7 @@ class Engine {
   std::array<std::array<PathCounters, kTransferPathCount>, 2> host_stats_;
   PathCounters d2d_stats_;
   std::array<std::atomic<uint64_t>, 3> pinned_reasons_{};
+  std::atomic<uint64_t> staged_misaligned_{0};
 
   // Rate limit of the pinned-path WARNING.
   Mutex warn_mu_;

@@ -27,9 +27,9 @@ uint32_t Engine::LayOutPinned(Op& op) {
   const uint64_t page = os_->PageSize();
   const uint64_t to_page = (page - host % page) % page;
   const uint64_t block = devices_[op.device]->info().block_bytes;
-  const uint64_t first =
-      piece_bytes % page == 0 && to_page % block == 0 ? to_page + piece_bytes
-                                                      : piece_bytes;
+  const uint64_t first = piece_bytes % page == 0 && to_page % block == 0
+                             ? to_page + piece_bytes
+                             : piece_bytes;
   std::vector<std::pair<uint64_t, uint64_t>> bounds;  // offset, length
   for (uint64_t offset = 0; offset < op.size;) {
     const uint64_t length =
@@ -154,21 +154,40 @@ void Engine::ReleasePiece(Op& op, PinnedPiece& piece) {
   ChunkDone(op);  // the piece's hold
 }
 
-void Engine::WarnPinned(const Op& op, int reason) {
+bool Engine::TakeWarningTurn(uint64_t* suppressed) {
   const int64_t now = os_->MonotonicNanos();
-  uint64_t suppressed;
-  {
-    MutexLock lock(&warn_mu_);
-    if (last_warning_ns_ != 0 &&
-        now - last_warning_ns_ <
-            absl::ToInt64Nanoseconds(config_.fallback_warning_interval)) {
-      ++suppressed_warnings_;
-      return;
-    }
-    last_warning_ns_ = now;
-    suppressed = suppressed_warnings_;
-    suppressed_warnings_ = 0;
+  MutexLock lock(&warn_mu_);
+  if (last_warning_ns_ != 0 &&
+      now - last_warning_ns_ <
+          absl::ToInt64Nanoseconds(config_.fallback_warning_interval)) {
+    ++suppressed_warnings_;
+    return false;
   }
+  last_warning_ns_ = now;
+  *suppressed = suppressed_warnings_;
+  suppressed_warnings_ = 0;
+  return true;
+}
+
+void Engine::WarnMisaligned(const Op& op, const void* host) {
+  uint64_t suppressed = 0;
+  if (!TakeWarningTurn(&suppressed)) return;
+  const DeviceInfo& info = devices_[op.device]->info();
+  LOG(WARNING) << "Transfer of " << HumanReadableBytes(op.size) << " "
+               << DmaDirectionDescription(op.direction) << " on " << info.name
+               << " is staged whatever its size (slower): the host buffer at "
+               << host << " is not " << info.host_alignment
+               << "-byte aligned, which " << info.name << " needs for DMA."
+               << (suppressed > 0
+                       ? absl::StrCat(" ", suppressed,
+                                      " more such transfers since the last "
+                                      "message.")
+                       : std::string());
+}
+
+void Engine::WarnPinned(const Op& op, int reason) {
+  uint64_t suppressed = 0;
+  if (!TakeWarningTurn(&suppressed)) return;
   std::string why;
   switch (reason) {
     case 0:

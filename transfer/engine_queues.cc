@@ -13,18 +13,32 @@ namespace tpushim::transfer_internal {
 
 // ---- Submission ------------------------------------------------------------
 
-TransferPath Engine::PathFor(const void* host, uint64_t size,
-                             int* reason) const {
+TransferPath Engine::PathFor(const void* host, uint64_t size, int device,
+                             int* reason, bool* misaligned,
+                             bool* rerouted) const {
   *reason = 0;
+  *misaligned = false;
+  *rerouted = false;
   if (region_ == nullptr) {
     *reason = 1;
     return TransferPath::kPinned;
   }
+  TransferPath path = TransferPath::kPinned;
   if (size > 0 && region_->allocator().Contains(host, size)) {
-    return TransferPath::kZeroCopy;
+    path = TransferPath::kZeroCopy;
+  } else if (size <= threshold_) {
+    path = TransferPath::kStaged;
   }
-  if (size <= threshold_) return TransferPath::kStaged;
-  return TransferPath::kPinned;
+  // A buffer the device cannot DMA where it is goes through staging, whose
+  // buffers are page-aligned, whatever its size.
+  // (A small one is staged anyway; it must not fall back to pinning.)
+  const uint32_t align = devices_[device]->info().host_alignment;
+  if (size > 0 && align > 1 && reinterpret_cast<uintptr_t>(host) % align != 0) {
+    *misaligned = true;
+    *rerouted = path != TransferPath::kStaged;
+    path = TransferPath::kStaged;
+  }
+  return path;
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
@@ -49,7 +63,25 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
   op->direction =
       to_device ? DmaDirection::kHostToDevice : DmaDirection::kDeviceToHost;
   op->device = a->device;
-  op->path = PathFor(host, size, &op->pin_reason);
+  bool rerouted = false;
+  op->path = PathFor(host, size, op->device, &op->pin_reason, &op->misaligned,
+                     &rerouted);
+  if (const uint32_t align = devices_[op->device]->info().host_alignment;
+      region_ == nullptr && size > 0 && align > 1 &&
+      reinterpret_cast<uintptr_t>(host) % align != 0) {
+    ReleaseBufferUse(a);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the host buffer at 0x",
+        absl::Hex(reinterpret_cast<uintptr_t>(host)), " is not ", align,
+        "-byte aligned, which ", devices_[op->device]->info().name,
+        " needs for DMA, and with the premapped region off "
+        "(TPU_PREMAPPED_BUFFER_SIZE=0) there is no staging to copy it "
+        "through; align the buffer or turn the region on"));
+  }
+  if (rerouted) {
+    staged_misaligned_.fetch_add(1, std::memory_order_relaxed);
+    WarnMisaligned(*op, host);
+  }
   if (to_device) {
     op->src = static_cast<const char*>(host);
   } else {
@@ -229,6 +261,11 @@ std::string Engine::PathReason(const Op& op) const {
     case TransferPath::kZeroCopy:
       return "the host buffer is in the premapped region";
     case TransferPath::kStaged:
+      if (op.misaligned && op.size > threshold_) {
+        return absl::StrCat("the host buffer is not ",
+                            devices_[op.device]->info().host_alignment,
+                            "-byte aligned for the device's DMA");
+      }
       return absl::StrCat("caller memory of at most the threshold, ",
                           threshold_, " bytes");
     case TransferPath::kPinned:

@@ -2,7 +2,9 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "common/cpu_relax.h"
+#include "common/human_bytes.h"
 #include "logging/log.h"
 #include "transfer/engine.h"
 
@@ -104,6 +106,34 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
     op.RecordError(absl::CancelledError(
         "the transfer engine shut down before the transfer started"));
     ChunkDone(op);  // the starter's hold: the operation completes
+    return FirstStaging::kHandled;
+  }
+  if (op.misaligned) {
+    // The device cannot DMA the caller's buffer, so pinning is no way out:
+    // wait on while staging is in flight (it comes back as its DMA
+    // completes); with none in flight the region is full of the
+    // application's buffers and waiting would never end.
+    while (*first == nullptr && !closing_.load(std::memory_order_acquire) &&
+           staging_in_flight_.load(std::memory_order_acquire) > 0) {
+      *first = AcquireStaging(op.staging_chunk,
+                              os_->MonotonicNanos() + absl::ToInt64Nanoseconds(
+                                                          config_.staging_wait),
+                              &waited);
+    }
+    if (*first != nullptr) return FirstStaging::kAcquired;
+    op.RecordError(
+        closing_.load(std::memory_order_acquire)
+            ? absl::CancelledError(
+                  "the transfer engine shut down before the transfer started")
+            : absl::ResourceExhaustedError(absl::StrCat(
+                  "the host buffer is not aligned for ",
+                  devices_[op.device]->info().name,
+                  "'s DMA, so it must be staged, and the premapped region has "
+                  "no room for a ",
+                  HumanReadableBytes(op.staging_chunk),
+                  " staging buffer with nothing in flight to free one (the "
+                  "application's buffers fill it)")));
+    ChunkDone(op);
     return FirstStaging::kHandled;
   }
   pinned_reasons_[2].fetch_add(1, std::memory_order_relaxed);

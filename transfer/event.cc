@@ -51,7 +51,7 @@ void CallbackExecutor::Drain() {
     // Called from a callback (Shutdown from a callback): waiting for the
     // running callback would wait for ourselves. Run the rest here.
     while (!queue_.empty()) {
-      absl::AnyInvocable<void() &&> fn = std::move(queue_.front());
+      absl::AnyInvocable<void()&&> fn = std::move(queue_.front());
       queue_.pop_front();
       mu_.Unlock();
       std::move(fn)();
@@ -68,7 +68,7 @@ void CallbackExecutor::Loop() {
   for (;;) {
     while (queue_.empty() && !stop_) cv_.Wait(&mu_);
     if (queue_.empty()) return;  // stop_, and nothing left
-    absl::AnyInvocable<void() &&> fn = std::move(queue_.front());
+    absl::AnyInvocable<void()&&> fn = std::move(queue_.front());
     queue_.pop_front();
     running_ = true;
     mu_.Unlock();

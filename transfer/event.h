@@ -44,7 +44,9 @@ class CallbackExecutor {
   // (the running one is the caller) and returns.
   void Drain();
   // Callbacks run so far.
-  uint64_t executed() const { return executed_.load(std::memory_order_relaxed); }
+  uint64_t executed() const {
+    return executed_.load(std::memory_order_relaxed);
+  }
 
  private:
   void Loop();
@@ -115,8 +117,8 @@ class EventState {
   CallbackExecutor* executor_ ABSL_GUARDED_BY(mu_);
   std::vector<absl::AnyInvocable<void(absl::Status) &&>> callbacks_
       ABSL_GUARDED_BY(mu_);
-  std::vector<absl::AnyInvocable<void(const absl::Status&) &&>>
-      continuations_ ABSL_GUARDED_BY(mu_);
+  std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> continuations_
+      ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace transfer_internal

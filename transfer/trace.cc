@@ -140,7 +140,8 @@ absl::Status TraceRecorder::Write() {
                   "\"generator\":\"tpushim\",\"dropped_records\":", dropped,
                   "},\"traceEvents\":[");
   item(R"({"ph":"M","name":"process_name","pid":0,"args":{"name":"host"}})");
-  item(R"({"ph":"M","name":"process_sort_index","pid":0,"args":{"sort_index":-1}})");
+  item(
+      R"({"ph":"M","name":"process_sort_index","pid":0,"args":{"sort_index":-1}})");
   // Slices of one track must not overlap, and no two may start at the same
   // timestamp: trace viewers nest overlapping slices wrongly, and Chrome
   // DevTools binds a flow event only to the first slice with its pid, tid,
@@ -198,8 +199,8 @@ absl::Status TraceRecorder::Write() {
                      });
     for (const Record* r : by_submit) {
       const int64_t submit = submit_of(r);
-      const int lane = submit_lanes[{r->device, r->direction}].Place(
-          submit, submit + 1);
+      const int lane =
+          submit_lanes[{r->device, r->direction}].Place(submit, submit + 1);
       placed.push_back(Placed{r, queue_lane[r], lane, submit});
     }
   }
@@ -257,8 +258,8 @@ absl::Status TraceRecorder::Write() {
         flow_id, pid, submit_tid, submit));
     item(absl::StrFormat(
         R"({"ph":"X","name":"%s %s%s","cat":"dma","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,"args":{"bytes":%d,"path":"%s","chunk":%d,"transfer":%d,"failed":%s}})",
-        r.path, r.direction_name, r.failed ? " (failed)" : "", pid,
-        queue_tid, start, dur, r.bytes, r.path, r.chunk, r.transfer,
+        r.path, r.direction_name, r.failed ? " (failed)" : "", pid, queue_tid,
+        start, dur, r.bytes, r.path, r.chunk, r.transfer,
         r.failed ? "true" : "false"));
     item(absl::StrFormat(
         R"({"ph":"f","bp":"e","name":"descriptor","cat":"dma","id":%d,"pid":%d,"tid":%d,"ts":%.3f})",

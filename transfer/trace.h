@@ -53,9 +53,9 @@ class TraceRecorder {
   // ("staged", "h2d"). `failed` marks a descriptor that completed with an
   // error.
   void Descriptor(int device, int direction, const char* path,
-                  const char* direction_name, uint64_t transfer,
-                  uint32_t chunk, uint64_t bytes, int64_t submit_ns,
-                  int64_t start_ns, int64_t end_ns, bool failed);
+                  const char* direction_name, uint64_t transfer, uint32_t chunk,
+                  uint64_t bytes, int64_t submit_ns, int64_t start_ns,
+                  int64_t end_ns, bool failed);
 
   // The staging counter took value `bytes` at `ns`.
   void StagingBytes(int64_t ns, uint64_t bytes);

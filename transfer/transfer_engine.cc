@@ -238,6 +238,7 @@ TransferEngine::Stats Engine::GetStats() const {
   s.pinned_over_threshold = pinned_reasons_[0].load(std::memory_order_relaxed);
   s.pinned_region_off = pinned_reasons_[1].load(std::memory_order_relaxed);
   s.pinned_staging_timeout = pinned_reasons_[2].load(std::memory_order_relaxed);
+  s.staged_misaligned = staged_misaligned_.load(std::memory_order_relaxed);
   s.pinned_bytes_now = pins_.pinned_bytes();
   {
     MutexLock lock(&mu_);
@@ -412,7 +413,10 @@ absl::StatusOr<Event> TransferEngine::TransferDeviceToDevice(
 
 TransferPath TransferEngine::PathFor(const void* host, uint64_t size) const {
   int reason;
-  return impl_->PathFor(host, size, &reason);
+  bool misaligned;
+  bool rerouted;
+  return impl_->PathFor(host, size, /*device=*/0, &reason, &misaligned,
+                        &rerouted);
 }
 
 TransferEngine::Stats TransferEngine::GetStats() const {

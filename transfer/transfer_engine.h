@@ -86,9 +86,9 @@
 #include "device/device.h"
 #include "env/options.h"
 #include "env/os.h"
-#include "transfer/event.h"
 #include "tpushim/stats.h"
 #include "tpushim/transfer.h"
+#include "transfer/event.h"
 
 namespace tpushim {
 

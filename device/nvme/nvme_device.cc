@@ -345,6 +345,7 @@ absl::Status NvmeDevice::Open() {
   info_.ring_entries = kRingEntries;
   info_.numa_node = vfio_->numa_node();
   info_.block_bytes = id_.block_bytes;
+  info_.host_alignment = 4;  // PRP entries are dword aligned
 
   for (auto& qp : queues_) {
     Queue& q = *qp;

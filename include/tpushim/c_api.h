@@ -99,7 +99,7 @@ extern "C" {
 #endif
 
 #define TPUSHIM_API_MAJOR 1
-#define TPUSHIM_API_MINOR 1
+#define TPUSHIM_API_MINOR 2
 
 /* The size of `type` up to and including `last_field`: a struct's size at
  * the version whose last field that was. */
@@ -362,6 +362,10 @@ typedef struct TpuShim_Stats {
   uint64_t device_bytes_live;   /* now */
   uint64_t events_pending;      /* now: operations not yet ready */
   uint64_t callbacks_run;
+  /* 1.2: transfers staged whatever their size because the device cannot
+   * DMA the caller's buffer where it is (not aligned for it); written only
+   * when struct_size covers it. */
+  uint64_t staged_misaligned;
 } TpuShim_Stats;
 #define TPUSHIM_STATS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_Stats, callbacks_run)

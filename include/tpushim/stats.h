@@ -51,6 +51,9 @@ struct TransferStats {
   uint64_t pinned_over_threshold = 0;
   uint64_t pinned_region_off = 0;
   uint64_t pinned_staging_timeout = 0;
+  // Transfers staged whatever their size because the device cannot DMA the
+  // caller's buffer where it is (not aligned to its host alignment).
+  uint64_t staged_misaligned = 0;
   uint64_t pinned_bytes_now = 0;  // caller pages pinned right now
   // Device memory.
   uint64_t device_buffers_live = 0;

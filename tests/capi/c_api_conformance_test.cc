@@ -90,7 +90,7 @@ static_assert(TPUSHIM_CODE_UNAUTHENTICATED ==
 
 // Every size macro is the size up to the struct's last 1.0 field.
 static_assert(TPUSHIM_API_STRUCT_SIZE <= sizeof(TpuShim_Api));
-static_assert(TPUSHIM_STATS_STRUCT_SIZE == sizeof(TpuShim_Stats));
+static_assert(TPUSHIM_STATS_STRUCT_SIZE < sizeof(TpuShim_Stats));  // 1.2
 static_assert(TPUSHIM_EVENT_ISREADY_ARGS_STRUCT_SIZE <
               sizeof(TpuShim_Event_IsReady_Args));  // trailing padding
 
@@ -932,6 +932,20 @@ TEST_P(CApiConformanceTest, StatsStructIsSizeVersioned) {
   EXPECT_EQ(big.stats.events_pending, 0u);
   if (api_->api_minor == TPUSHIM_API_MINOR) {
     for (unsigned char c : big.tail) EXPECT_EQ(c, kFill);
+  }
+
+  // 1.2's staged_misaligned is written only into a struct that has it: a
+  // 1.0/1.1 caller's struct ends before it.
+  if (api_->api_minor >= 2) {
+    TpuShim_Stats older;
+    std::memset(&older, kFill, sizeof older);
+    older.struct_size = TPUSHIM_STATS_STRUCT_SIZE;
+    a.stats = &older;
+    EXPECT_TRUE(Take(api_->System_GetStats(&a)).ok());
+    uint64_t untouched;
+    std::memset(&untouched, kFill, sizeof untouched);
+    EXPECT_EQ(older.staged_misaligned, untouched);
+    EXPECT_EQ(big.stats.staged_misaligned, 0u);
   }
 }
 

@@ -1,5 +1,7 @@
 #include "tests/testing/transfer_rig.h"
 
+#include <map>
+#include <mutex>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,6 +10,78 @@
 #include "env/options.h"
 
 namespace tpushim::testutil {
+namespace {
+
+// A device that states a host alignment and counts the descriptors that
+// break it (the device under it moves them anyway, so a test sees both the
+// data and the count).
+class AlignedDevice : public Device {
+ public:
+  AlignedDevice(std::unique_ptr<Device> device, uint32_t alignment,
+                std::shared_ptr<std::atomic<uint64_t>> misaligned)
+      : device_(std::move(device)),
+        info_(device_->info()),
+        misaligned_(std::move(misaligned)) {
+    info_.host_alignment = alignment;
+  }
+  const DeviceInfo& info() const override { return info_; }
+  void SetCompletionSink(DmaCompletionSink* sink) override {
+    device_->SetCompletionSink(sink);
+  }
+  absl::StatusOr<uint64_t> AllocateMemory(uint64_t size) override {
+    return device_->AllocateMemory(size);
+  }
+  absl::Status FreeMemory(uint64_t device_address) override {
+    return device_->FreeMemory(device_address);
+  }
+  uint64_t MemoryInUse() const override { return device_->MemoryInUse(); }
+  absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
+                                                  uint64_t length) override {
+    absl::StatusOr<HostWindowId> id = device_->RegisterHostWindow(base, length);
+    if (id.ok()) {
+      std::lock_guard<std::mutex> lock(mu_);
+      bases_[*id] = reinterpret_cast<uintptr_t>(base);
+    }
+    return id;
+  }
+  absl::Status UnregisterHostWindow(HostWindowId window) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      bases_.erase(window);
+    }
+    return device_->UnregisterHostWindow(window);
+  }
+  size_t Submit(DmaDirection direction,
+                absl::Span<const DmaDescriptor> descriptors) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (const DmaDescriptor& d : descriptors) {
+        if (d.direction == DmaDirection::kDeviceToDevice) continue;
+        auto it = bases_.find(d.host_window);
+        if (it != bases_.end() &&
+            (it->second + d.host_offset) % info_.host_alignment != 0) {
+          misaligned_->fetch_add(1);
+        }
+      }
+    }
+    return device_->Submit(direction, descriptors);
+  }
+  uint32_t InFlight(DmaDirection direction) const override {
+    return device_->InFlight(direction);
+  }
+  void Shutdown() override { device_->Shutdown(); }
+
+ private:
+  std::unique_ptr<Device> device_;
+  DeviceInfo info_;
+  std::shared_ptr<std::atomic<uint64_t>> misaligned_;
+  std::mutex mu_;
+  std::map<HostWindowId, uintptr_t> bases_;
+};
+
+}  // namespace
+
+uint64_t TransferRig::misaligned_dma() const { return misaligned_dma_->load(); }
 
 absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
     Params params) {
@@ -21,17 +95,22 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
   api.device = params.device_url;
   api.faults = params.faults;
   api.prefault_threads = 1;
-  TPUSHIM_ASSIGN_OR_RETURN(Options options,
-                           ResolveOptions(*rig->env_os_, api));
+  TPUSHIM_ASSIGN_OR_RETURN(Options options, ResolveOptions(*rig->env_os_, api));
   rig->faults_ = std::make_unique<FaultInjector>(options.faults.value);
   rig->os_ = std::make_unique<FaultInjectingOs>(rig->env_os_.get(),
                                                 rig->faults_.get());
   TPUSHIM_ASSIGN_OR_RETURN(
       rig->region_,
       PremappedRegion::Create(options, rig->os_.get(), rig->faults_.get()));
-  TPUSHIM_ASSIGN_OR_RETURN(rig->devices_,
-                           OpenDevices(options.device.value, rig->os_.get(),
-                                       rig->faults_.get()));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      rig->devices_,
+      OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
+  if (params.host_alignment > 1) {
+    for (auto& d : rig->devices_) {
+      d = std::make_unique<AlignedDevice>(std::move(d), params.host_alignment,
+                                          rig->misaligned_dma_);
+    }
+  }
   std::vector<Device*> devices;
   for (auto& d : rig->devices_) devices.push_back(d.get());
   TPUSHIM_ASSIGN_OR_RETURN(
@@ -53,8 +132,8 @@ std::string TransferRig::TearDownAndReport() {
   region_.reset();
   std::string report;
   auto add = [&](const char* what, uint64_t n) {
-    if (n > 0) absl::StrAppend(&report, report.empty() ? "" : ", ", what, " ",
-                               n);
+    if (n > 0)
+      absl::StrAppend(&report, report.empty() ? "" : ", ", what, " ", n);
   };
   add("mapped bytes", os_->mapped_bytes());
   add("locked bytes", os_->locked_bytes());

@@ -14,6 +14,7 @@
 #ifndef TPUSHIM_TESTS_TESTING_TRANSFER_RIG_H_
 #define TPUSHIM_TESTS_TESTING_TRANSFER_RIG_H_
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -38,6 +39,10 @@ class TransferRig {
     std::string device_url = "sim://?hbm=64M";
     // TPUSHIM_FAULTS spec, e.g. "dma:nth=3".
     std::string faults{};
+    // > 1: every device states this host alignment (as NVMe states 4) and
+    // counts the descriptors whose host address breaks it
+    // (misaligned_dma()), which must then never happen.
+    uint32_t host_alignment = 1;
     TransferEngine::Config engine{};
   };
 
@@ -51,6 +56,8 @@ class TransferRig {
   PremappedRegion* region() { return region_.get(); }  // null when off
   Device& device(int i) { return *devices_[i]; }
   FaultInjector& faults() { return *faults_; }
+  // Descriptors whose host address broke Params::host_alignment.
+  uint64_t misaligned_dma() const;
   FaultInjectingOs& os() { return *os_; }
 
   // Shuts down and destroys the engine, then the devices and the region,
@@ -67,6 +74,8 @@ class TransferRig {
   std::unique_ptr<PremappedRegion> region_;
   std::vector<std::unique_ptr<Device>> devices_;
   std::unique_ptr<TransferEngine> engine_;
+  std::shared_ptr<std::atomic<uint64_t>> misaligned_dma_ =
+      std::make_shared<std::atomic<uint64_t>>(0);
 };
 
 }  // namespace tpushim::testutil
