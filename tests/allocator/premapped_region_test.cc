@@ -5,6 +5,8 @@
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -72,8 +74,21 @@ class FakeHostOs : public OsWrapper {
     if (advice == MADV_POPULATE_WRITE && madvise_populate_unsupported) {
       return absl::ErrnoToStatus(EINVAL, "madvise");
     }
+    if (advice == MADV_POPULATE_WRITE) {
+      {
+        std::lock_guard<std::mutex> lock(populate_mu);
+        populating_threads.insert(ThreadId());
+      }
+      if (slow_populate) absl::SleepFor(absl::Milliseconds(5));
+    }
     return OsWrapper::Madvise(addr, length, advice);
   }
+
+  // Threads that pre-faulted (MADV_POPULATE_WRITE), each call slowed down
+  // when `slow_populate` so that every thread gets a share.
+  bool slow_populate = false;
+  std::mutex populate_mu;
+  std::set<pid_t> populating_threads;
 };
 
 Options Resolve(Os& os, OptionOverrides overrides = {}) {
@@ -150,9 +165,8 @@ TEST(PremappedRegionTest, LogsTheStartupLinesInOrder) {
        absl::StrCat("] mlock()-ed 8388608 bytes for premapped region, using ",
                     host.mlock_calls, " syscalls.\n"),
        "] Done premapping memory of size 8388608 in ",
-       absl::StrCat("s (", stats.page_description, ", ",
-                    stats.prefault_threads, " threads, NUMA node ",
-                    stats.numa_node, ")\n"),
+       absl::StrCat("s (", stats.page_description, ", ", stats.prefault_threads,
+                    " threads, NUMA node ", stats.numa_node, ")\n"),
        "] Done allocating premapped memory of size 8388608\n"});
   // The count is of the calls made: one mlock2(MLOCK_ONFAULT) pins the
   // whole region.
@@ -382,6 +396,20 @@ TEST(PremappedRegionTest, NonexistentNumaNodeIsInvalidArgument) {
   EXPECT_THAT(std::string(region.status().message()),
               HasSubstr("TPUSHIM_NUMA_NODE="));
   EXPECT_EQ(host.mmap_calls, 0);
+}
+
+TEST(PremappedRegionTest, PrefaultsOnSeveralThreads) {
+  FakeHostOs host(Os::Default());
+  host.slow_populate = true;
+  OptionOverrides o = Size(16 * kMiB);
+  o.prefault_threads = 2;
+  o.hugepages = HugePagesMode::kOff;
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(Resolve(host, o), &host, nullptr);
+  ASSERT_TRUE(region.ok()) << region.status();
+  EXPECT_EQ((*region)->GetStats().prefault_threads, 2);
+  std::lock_guard<std::mutex> lock(host.populate_mu);
+  EXPECT_EQ(host.populating_threads.size(), 2u);
 }
 
 TEST(PremappedRegionTest, KernelsWithoutPopulateWriteFallBackToTouching) {

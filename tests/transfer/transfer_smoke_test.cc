@@ -77,6 +77,18 @@ TEST(TransferSmokeTest, PinnedRoundTripAboveThreshold) {
   EXPECT_EQ((*rig)->TearDownAndReport(), "");
 }
 
+// The threshold is inclusive: a transfer of exactly the threshold is
+// staged, one byte more is pinned.
+TEST(TransferSmokeTest, TransferOfExactlyTheThresholdIsStaged) {
+  auto rig = TransferRig::Create({.threshold = 1 << 20});
+  ASSERT_TRUE(rig.ok()) << rig.status();
+  std::vector<char> host((1 << 20) + 1);
+  EXPECT_EQ((*rig)->engine().PathFor(host.data(), 1 << 20),
+            TransferPath::kStaged);
+  EXPECT_EQ((*rig)->engine().PathFor(host.data(), (1 << 20) + 1),
+            TransferPath::kPinned);
+}
+
 TEST(TransferSmokeTest, PinnedRoundTripRegionOff) {
   auto rig = TransferRig::Create({.region_bytes = 0});
   ASSERT_TRUE(rig.ok()) << rig.status();

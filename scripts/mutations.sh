@@ -1,0 +1,164 @@
+#!/usr/bin/env bash
+# Mutation check: does each headline claim have a test that fails without
+# it? Applies named source mutations one at a time to a scratch copy of the
+# tree, rebuilds the test that guards the claim (incrementally), runs it,
+# and counts the mutation caught when the test fails. Prints
+# "N/M mutations caught" and exits 0 only when every one is.
+#
+#   bash scripts/mutations.sh              # all of them (about 30 min on 2 cores)
+#   bash scripts/mutations.sh --list       # names and what each breaks
+#   bash scripts/mutations.sh --only NAME  # one (repeatable)
+#
+# The scratch copy lives in $TPUSHIM_MUTATION_DIR (default
+# /tmp/tpushim-mutations) and keeps its build between runs; the working
+# tree is never touched. A mutation whose text is no longer in its file is
+# reported as stale and counts as not caught: the list must follow the code.
+# Not part of CI (too slow); see docs/testing.md.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+root=$PWD
+scratch=${TPUSHIM_MUTATION_DIR:-/tmp/tpushim-mutations}
+parallel=${TPUSHIM_JOBS:-2}
+
+# name :: file :: text :: replacement :: test target :: gtest filter :: claim
+# (\n in text or replacement is a newline)
+mutations=(
+  'hugetlb-flag :: allocator/region_pages.cc :: flags | MAP_HUGETLB | (shift << MAP_HUGE_SHIFT) :: flags :: region_pages_test :: *Hugetlb* :: the region is mapped from a hugetlb pool'
+  'thp-advice :: allocator/region_pages.cc :: os.Madvise(start, length, MADV_HUGEPAGE) :: absl::OkStatus() :: region_pages_test :: *TransparentHugePages* :: the region is advised for transparent huge pages'
+  'numa-bind :: allocator/premapped_region.cc :: ? os->NumaBindMemory(range.start, range.length, node) :: ? absl::OkStatus() :: region_pages_test :: *Numa* :: the region is bound to its NUMA node before the first touch'
+  'mlock :: allocator/premapped_region.cc :: os->Mlock(range.start, range.length, Os::LockWhen::kOnFault) :: absl::OkStatus() :: region_pages_test :: *Lock* :: the region is locked in memory'
+  'prefault-threads :: allocator/prefaulter.cc :: for (int i = 0; i < threads; ++i) { :: for (int i = 0; i < 1; ++i) { :: region_allocator_test :: *SeveralThreads* :: pre-faulting runs on several threads'
+  'zero-copy-detection :: transfer/engine_queues.cc :: if (size > 0 && region_->allocator().Contains(host, size)) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
+  'threshold-comparison :: transfer/engine_queues.cc :: } else if (size <= threshold_) { :: } else if (size < threshold_) { :: transfer_smoke_test :: *Threshold* :: the threshold is inclusive'
+  'staging-overlap :: transfer/transfer_engine.h :: int staging_depth = 8; :: int staging_depth = 1; :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
+  'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *ShallowPipeline* :: staging bytes in flight are bounded'
+  'dependency-status :: transfer/engine_queues.cc :: if (!s.ok()) op->RecordError(s); :: (void)s; :: transfer_engine_test :: *FailedDependency* :: a failed dependency fails its dependants with its status'
+  'callback-thread :: transfer/event.cc :: if (executor != nullptr) { :: if (false) { :: event_test :: *Callback* :: callbacks run on the callback thread, not the completing one'
+  'c-handle-generation :: driver/c_api.cc :: if (generation < slots_[slot].generation) { :: if (false) { :: c_api_conformance_test :: *Stale* :: a freed C handle is refused, never reused'
+  'nvme-prp-list :: device/nvme/nvme_io.cc :: list[n++] = page; :: list[n++] = page + kPage; :: nvme_device_test :: *EveryByte* :: NVMe PRP lists name each page of a transfer'
+  'nvme-mdts-split :: device/nvme/nvme_device.cc :: std::min<uint64_t>(kMaxCommandBytes, uint64_t{mps_min_bytes} << mdts); :: kMaxCommandBytes; :: nvme_device_test :: *Mdts* :: NVMe commands are split at MDTS'
+  'nvme-abort-waits :: device/nvme/nvme_io.cc :: WaitReady(false, "aborting commands that never completed"); :: absl::OkStatus(); :: nvme_device_test :: *NeverComplete* :: the abort waits for CSTS.RDY=0 before buffers are reused'
+  'nvme-health :: device/nvme/nvme_io.cc :: if (absl::Status health = ControllerHealth(); !health.ok()) { :: if (absl::Status health; !health.ok()) { :: nvme_device_test :: *UnderIo* :: a controller failing under I/O fails its transfers'
+  'fault-nth :: env/fault_injection.cc :: if (call == rule.k) return &rule; :: if (call == rule.k + 1) return &rule; :: os_test :: *Fault* :: fault points fire at exactly the nth call'
+  'misaligned-staging :: transfer/engine_queues.cc :: *rerouted = path != TransferPath::kStaged;\n    path = TransferPath::kStaged; :: *rerouted = false; :: misaligned_test :: * :: misaligned host buffers are staged, never handed to the device'
+  'vfio-root-disk :: device/vfio/host_use.cc :: Add(absl::StrCat("its disk ", disk, " holds ", mount_point, via_text)); :: (void)mount_point; :: vfio_host_use_test :: * :: no advice to unbind the controller of a mounted disk'
+  'stdout-full :: tools/cli.cc :: if (!context.out->fail()) return context.exit_code; :: return context.exit_code; :: tpushim_flags_test :: *FullDisk* :: results that cannot be written exit 1'
+)
+
+usage() {
+  sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'
+}
+
+only=()
+list=0
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --list) list=1 ;;
+    --only)
+      [[ $# -ge 2 ]] || { echo "mutations.sh: --only needs a NAME" >&2; exit 2; }
+      only+=("$2")
+      shift
+      ;;
+    -h | --help) usage; exit 0 ;;
+    *) echo "mutations.sh: unknown argument \"$1\" (see --help)" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+field() { # field N (from 0) of a mutation line, fields split on " :: "
+  local rest=$1 i
+  for ((i = 0; i < $2; ++i)); do rest=${rest#* :: }; done
+  printf '%s' "${rest%% :: *}"
+}
+
+selected=()
+for m in "${mutations[@]}"; do
+  name=$(field "$m" 0)
+  if [[ ${#only[@]} -eq 0 ]]; then
+    selected+=("$m")
+  else
+    for o in "${only[@]}"; do [[ $o == "$name" ]] && selected+=("$m"); done
+  fi
+done
+for o in "${only[@]}"; do
+  found=0
+  for m in "${mutations[@]}"; do [[ $(field "$m" 0) == "$o" ]] && found=1; done
+  if [[ $found -eq 0 ]]; then
+    echo "mutations.sh: no mutation named \"$o\" (--list names them)" >&2
+    exit 2
+  fi
+done
+
+if [[ $list -eq 1 ]]; then
+  for m in "${selected[@]}"; do
+    printf '%-22s %s (%s)\n' "$(field "$m" 0)" "$(field "$m" 6)" "$(field "$m" 1)"
+  done
+  exit 0
+fi
+
+echo "=== scratch copy in $scratch ==="
+mkdir -p "$scratch"
+rsync -a --delete --exclude '/build*' --exclude '/.git' "$root/" "$scratch/src/"
+cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release \
+  -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_VM_TESTS=OFF >"$scratch/cmake.log" 2>&1 ||
+  { cat "$scratch/cmake.log"; exit 1; }
+
+# Replaces the one occurrence of literal text $2 in file $1 by $3 (\n is a
+# newline in both); fails when the text occurs other than once.
+mutate() {
+  FROM="$2" TO="$3" perl -0pi -e '
+    BEGIN { ($f, $t) = ($ENV{FROM}, $ENV{TO}); s/\\n/\n/g for $f, $t; }
+    $n = () = /\Q$f\E/g;
+    die "occurs $n times\n" if $n != 1;
+    s/\Q$f\E/$t/;' "$1"
+}
+
+caught=0
+total=0
+missed=()
+for m in "${selected[@]}"; do
+  name=$(field "$m" 0)
+  file=$(field "$m" 1)
+  from=$(field "$m" 2)
+  to=$(field "$m" 3)
+  target=$(field "$m" 4)
+  filter=$(field "$m" 5)
+  total=$((total + 1))
+  cp "$root/$file" "$scratch/src/$file"
+  if ! mutate "$scratch/src/$file" "$from" "$to" 2>"$scratch/mutate.log"; then
+    echo "STALE   $name: $(cat "$scratch/mutate.log") in $file"
+    missed+=("$name (stale)")
+    continue
+  fi
+  result=missed
+  if ! cmake --build "$scratch/build" -j"$parallel" --target "$target" \
+    >"$scratch/build-$name.log" 2>&1; then
+    result="build failed (see $scratch/build-$name.log)"
+  else
+    binary=$(find "$scratch/build/tests" -path '*initramfs*' -prune -o \
+      -type f -name "$target" -perm -u+x -print | head -1)
+    if ! timeout 600 "$binary" --gtest_filter="$filter" \
+      >"$scratch/test-$name.log" 2>&1; then
+      result=caught
+    elif grep -q "0 tests, listed below\|Running 0 tests" "$scratch/test-$name.log"; then
+      result="no test matched $filter"
+    fi
+  fi
+  cp "$root/$file" "$scratch/src/$file"
+  if [[ $result == caught ]]; then
+    caught=$((caught + 1))
+    echo "caught  $name ($target $filter)"
+  else
+    echo "MISSED  $name: $result ($target $filter)"
+    missed+=("$name")
+  fi
+done
+# Leave the scratch build matching the tree.
+cmake --build "$scratch/build" -j"$parallel" >/dev/null 2>&1 || true
+
+echo "$caught/$total mutations caught"
+if [[ ${#missed[@]} -gt 0 ]]; then
+  echo "not caught: ${missed[*]}"
+  exit 1
+fi
