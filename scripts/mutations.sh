@@ -8,6 +8,7 @@
 #   bash scripts/mutations.sh              # all of them (about 30 min on 2 cores)
 #   bash scripts/mutations.sh --list       # names and what each breaks
 #   bash scripts/mutations.sh --only NAME  # one (repeatable)
+#   bash scripts/mutations.sh --check      # every text still in its file, no build
 #
 # The scratch copy lives in $TPUSHIM_MUTATION_DIR (default
 # /tmp/tpushim-mutations) and keeps its build between runs; the working
@@ -52,9 +53,11 @@ usage() {
 
 only=()
 list=0
+check=0
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --list) list=1 ;;
+    --check) check=1 ;;
     --only)
       [[ $# -ge 2 ]] || { echo "mutations.sh: --only needs a NAME" >&2; exit 2; }
       only+=("$2")
@@ -97,13 +100,6 @@ if [[ $list -eq 1 ]]; then
   exit 0
 fi
 
-echo "=== scratch copy in $scratch ==="
-mkdir -p "$scratch"
-rsync -a --delete --exclude '/build*' --exclude '/.git' "$root/" "$scratch/src/"
-cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release \
-  -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_VM_TESTS=OFF >"$scratch/cmake.log" 2>&1 ||
-  { cat "$scratch/cmake.log"; exit 1; }
-
 # Replaces the one occurrence of literal text $2 in file $1 by $3 (\n is a
 # newline in both); fails when the text occurs other than once.
 mutate() {
@@ -113,6 +109,35 @@ mutate() {
     die "occurs $n times\n" if $n != 1;
     s/\Q$f\E/$t/;' "$1"
 }
+
+if [[ $check -eq 1 ]]; then
+  stale=0
+  tmp=$(mktemp)
+  trap 'rm -f "$tmp"' EXIT
+  for m in "${selected[@]}"; do
+    file=$(field "$m" 1)
+    cp "$file" "$tmp"
+    if ! mutate "$tmp" "$(field "$m" 2)" "$(field "$m" 3)" 2>/dev/null; then
+      echo "STALE   $(field "$m" 0): its text is not in $file exactly once"
+      stale=$((stale + 1))
+    fi
+  done
+  [[ $stale -eq 0 ]] && echo "${#selected[@]} mutations, all current"
+  [[ $stale -eq 0 ]]
+  exit
+fi
+
+echo "=== scratch copy in $scratch ==="
+mkdir -p "$scratch"
+# The tree as it is, uncommitted changes included; files keep their times,
+# so the scratch build stays incremental between runs.
+rm -rf "$scratch/src"
+mkdir -p "$scratch/src"
+tar -C "$root" --exclude='./build*' --exclude=./.git -cf - . |
+  tar -C "$scratch/src" -xf -
+cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release \
+  -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_VM_TESTS=OFF >"$scratch/cmake.log" 2>&1 ||
+  { cat "$scratch/cmake.log"; exit 1; }
 
 caught=0
 total=0
