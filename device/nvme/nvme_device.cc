@@ -37,10 +37,12 @@ std::string Trimmed(const char* p, size_t n) {
 
 }  // namespace
 
-NvmeDevice::NvmeDevice(const DeviceUrl& url, Os* os, FaultInjector* faults)
+NvmeDevice::NvmeDevice(const DeviceUrl& url, Os* os, FaultInjector* faults,
+                       NvmeTuning tuning)
     : url_(url),
       os_(os),
       faults_(faults),
+      command_timeout_ns_(absl::ToInt64Nanoseconds(tuning.command_timeout)),
       windows_(absl::StrCat("vfio:", url.pci_address.ToString())) {
   for (int d = 0; d < kDmaDirectionCount; ++d) {
     queues_[d] = std::make_unique<Queue>(static_cast<DmaDirection>(d),
@@ -494,13 +496,14 @@ absl::Status NvmeDevice::UnregisterHostWindow(HostWindowId window) {
 namespace tpushim {
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenNvmeDevices(
-    const DeviceUrl& url, Os* os, FaultInjector* faults) {
+    const DeviceUrl& url, Os* os, FaultInjector* faults, NvmeTuning tuning) {
   if (url.scheme != DeviceUrl::Scheme::kVfio ||
       url.engine != DeviceUrl::Engine::kNvme) {
     return absl::InvalidArgumentError(absl::StrCat(
         "OpenNvmeDevices: \"", url.text, "\" is not vfio://…?engine=nvme"));
   }
-  auto device = std::make_unique<nvme_internal::NvmeDevice>(url, os, faults);
+  auto device =
+      std::make_unique<nvme_internal::NvmeDevice>(url, os, faults, tuning);
   absl::Status opened = device->Open();
   if (!opened.ok()) {
     return absl::Status(

@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "device/device.h"
 #include "env/device_url.h"
 #include "env/fault_injection.h"
@@ -59,11 +60,20 @@
 
 namespace tpushim {
 
+// How long the engine waits for an I/O command before it gives up on the
+// controller (Linux's nvme io_timeout is 30 s too): the commands out fail
+// DEADLINE_EXCEEDED, the controller is disabled to stop its DMA, and every
+// later transfer fails at once until the device is reopened.
+struct NvmeTuning {
+  absl::Duration command_timeout = absl::Seconds(30);
+};
+
 // Opens the NVMe controller a `vfio://…?engine=nvme` URL names as device 0.
 // `os` and `faults` (nullable) must outlive it. On error nothing stays open,
 // mapped or enabled.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenNvmeDevices(
-    const DeviceUrl& url, Os* os, FaultInjector* faults);
+    const DeviceUrl& url, Os* os, FaultInjector* faults,
+    NvmeTuning tuning = {});
 
 }  // namespace tpushim
 

@@ -42,6 +42,7 @@
 #include "device/host_window_table.h"
 #include "device/mmio.h"
 #include "device/nvme/dma_arena.h"
+#include "device/nvme/nvme_device.h"
 #include "device/nvme/nvme_spec.h"
 #include "device/vfio/vfio.h"
 #include "env/device_url.h"
@@ -70,7 +71,8 @@ struct Identity {
 
 class NvmeDevice final : public Device {
  public:
-  NvmeDevice(const DeviceUrl& url, Os* os, FaultInjector* faults);
+  NvmeDevice(const DeviceUrl& url, Os* os, FaultInjector* faults,
+             NvmeTuning tuning);
   ~NvmeDevice() override;
 
   absl::Status Open();
@@ -114,8 +116,9 @@ class NvmeDevice final : public Device {
     uint64_t lba = 0;
     uint64_t dest_lba = 0;  // kBounceRead: where the Write goes
     uint32_t blocks = 0;
-    uint32_t bounce = 0;   // bounce slot
-    std::string injected;  // the iommu fault's note, if one fired
+    uint32_t bounce = 0;    // bounce slot
+    std::string injected;   // the iommu fault's note, if one fired
+    int64_t issued_ns = 0;  // when it went out; 0 while the id is free
   };
   struct Queue {
     Queue(DmaDirection d, uint16_t id) : direction(d), qid(id) {}
@@ -183,6 +186,9 @@ class NvmeDevice final : public Device {
   // itself (RDY = 0 without our disable) or left the bus (all ones), the
   // reason, for good: every later descriptor fails with it at once.
   absl::Status ControllerHealth();
+  // DEADLINE_EXCEEDED (and the controller broken for good) when a command
+  // of `q` has been out longer than the command timeout.
+  absl::Status CheckCommandAges(Queue& q);
   // Stops the controller (AbortController) and fails every command `q`
   // has out with `why`.
   void AbortOutstanding(Queue& q, const absl::Status& why);
@@ -200,6 +206,7 @@ class NvmeDevice final : public Device {
   const DeviceUrl url_;
   Os* const os_;
   FaultInjector* const faults_;
+  const int64_t command_timeout_ns_;
   DeviceInfo info_;
   std::unique_ptr<VfioDevice> vfio_;
   VfioDevice::Bar bar_;

@@ -127,6 +127,7 @@ void NvmeDevice::WriteCommand(Queue& q, uint16_t cid, const Sqe& sqe) {
   entry.nsid = kNamespace;
   q.sq[q.sq_tail] = entry;
   q.sq_tail = (q.sq_tail + 1) % q.depth;
+  q.commands[cid].issued_ns = os_->MonotonicNanos();
   ++q.outstanding;
 }
 
@@ -314,6 +315,7 @@ void NvmeDevice::Reap(Queue& q) {
       continue;
     }
     if (c.stage != Stage::kData) q.free_bounce.push_back(c.bounce);
+    c.issued_ns = 0;
     q.free_cids.push_back(cid);
     --p.outstanding;
     if (p.outstanding == 0 && p.issued >= p.d.length) {
@@ -374,7 +376,9 @@ void NvmeDevice::Worker(Queue& q) {
       // A controller that failed, reset itself or left the bus completes
       // nothing more: fail the commands rather than wait for ever.
       last_health_check = now;
-      if (absl::Status health = ControllerHealth(); !health.ok()) {
+      absl::Status health = ControllerHealth();
+      if (health.ok()) health = CheckCommandAges(q);
+      if (!health.ok()) {
         AbortOutstanding(q, health);
         continue;
       }
@@ -424,6 +428,33 @@ absl::Status NvmeDevice::ControllerHealth() {
   return broken_;
 }
 
+absl::Status NvmeDevice::CheckCommandAges(Queue& q) {
+  const int64_t now = os_->MonotonicNanos();
+  std::string late;
+  {
+    MutexLock lock(&q.mu);
+    for (uint32_t cid = 0; cid < q.depth; ++cid) {
+      const Command& c = q.commands[cid];
+      if (c.issued_ns != 0 && now - c.issued_ns > command_timeout_ns_) {
+        late = absl::StrFormat(
+            "NVMe command %d (%d blocks at LBA %d, %s) on %s did not "
+            "complete within %.1f s; the controller was disabled to stop it: "
+            "close and reopen the device",
+            cid, c.blocks, c.lba, DmaDirectionName(q.direction), info_.name,
+            static_cast<double>(command_timeout_ns_) / 1e9);
+        break;
+      }
+    }
+  }
+  if (late.empty()) return absl::OkStatus();
+  MutexLock lock(&abort_mu_);
+  if (broken_.ok()) {
+    broken_ = absl::DeadlineExceededError(late);
+    LOG(ERROR) << broken_;
+  }
+  return broken_;
+}
+
 void NvmeDevice::AbortOutstanding(Queue& q, const absl::Status& why) {
   // Until CSTS.RDY reads 0 the controller may still be moving data: only
   // then are the commands' buffers, bounce slots included, free again.
@@ -445,6 +476,7 @@ void NvmeDevice::AbortOutstanding(Queue& q, const absl::Status& why) {
     // A controller that did not stop may still write a bounce slot: it
     // stays out of use until the function is reset at close.
     if (c.stage != Stage::kData && stopped) q.free_bounce.push_back(c.bounce);
+    c.issued_ns = 0;
     q.free_cids.push_back(static_cast<uint16_t>(cid));
     --q.outstanding;
     if (--p.outstanding == 0) Finish(q, c.slot);

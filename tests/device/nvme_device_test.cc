@@ -87,18 +87,19 @@ void Fill(uint8_t* p, uint64_t n, uint32_t seed) {
   }
 }
 
-// A controller, its engine and a 1 MiB host window.
+// A controller, its engine and a 2 MiB host window.
 class NvmeDeviceTest : public ::testing::Test {
  protected:
   absl::Status Open(FakeNvmeConfig config = {}, const std::string& query = "",
-                    FakeHost host = {}, FaultInjector* faults = nullptr) {
+                    FakeHost host = {}, FaultInjector* faults = nullptr,
+                    NvmeTuning tuning = {}) {
     os_ = std::make_unique<FakeVfioOs>(std::move(host));
     controller_ = std::make_unique<FakeNvmeController>(*os_, config);
     absl::StatusOr<DeviceUrl> url =
         ParseDeviceUrl(absl::StrCat("vfio://0000:01:00.0?engine=nvme", query));
     if (!url.ok()) return url.status();
     absl::StatusOr<std::vector<std::unique_ptr<Device>>> devices =
-        OpenNvmeDevices(*url, os_.get(), faults);
+        OpenNvmeDevices(*url, os_.get(), faults, tuning);
     if (!devices.ok()) return devices.status();
     device_ = std::move(devices->front());
     device_->SetCompletionSink(&sink_);
@@ -145,7 +146,7 @@ class NvmeDeviceTest : public ::testing::Test {
     return c->status;
   }
 
-  HostBuffer host_{1 << 20};
+  HostBuffer host_{2 << 20};
   std::unique_ptr<FakeVfioOs> os_;
   std::unique_ptr<FakeNvmeController> controller_;
   std::unique_ptr<Device> device_;
@@ -293,6 +294,39 @@ TEST_F(NvmeDeviceTest, FatalStatusUnderIoFailsTheTransfersOutAndLater) {
   const absl::Status later = Run(DmaDirection::kDeviceToHost, 4096, 0, 0);
   EXPECT_EQ(later.code(), absl::StatusCode::kInternal) << later;
   EXPECT_EQ(controller_->io_commands(), 1);  // the later one never went out
+}
+
+// A command a working controller never completes: after the command
+// timeout the engine gives up on the controller (disables it, so its DMA
+// stops) and fails that transfer and every later one.
+TEST_F(NvmeDeviceTest, CommandThatTimesOutFailsAndStopsTheController) {
+  testutil::ScopedTestLogging logs;
+  ASSERT_TRUE(Open({.hold_io_from = 2}, "", {}, nullptr,
+                   {.command_timeout = absl::Milliseconds(300)})
+                  .ok());
+  ASSERT_TRUE(Run(DmaDirection::kHostToDevice, 4096, 0, 0).ok());
+  const absl::Status late = Run(DmaDirection::kDeviceToHost, 4096, 0, 0);
+  EXPECT_EQ(late.code(), absl::StatusCode::kDeadlineExceeded) << late;
+  EXPECT_THAT(std::string(late.message()),
+              HasSubstr("did not complete within 0.3 s"));
+  EXPECT_EQ(controller_->disables(), 1);
+  const absl::Status later = Run(DmaDirection::kHostToDevice, 4096, 0, 0);
+  EXPECT_EQ(later.code(), absl::StatusCode::kDeadlineExceeded) << later;
+}
+
+// The largest command (1 MiB) from a host buffer that does not start on a
+// page takes 257 pages: one PRP entry and a list of 256, which still fits
+// the one list page each command id has, so no list is ever chained.
+TEST_F(NvmeDeviceTest, LargestCommandAtAnOddOffsetFitsOneListPage) {
+  ASSERT_TRUE(Open().ok());
+  Fill(host_.data + 512, 1 << 20, 17);
+  std::vector<uint8_t> sent(host_.data + 512, host_.data + 512 + (1 << 20));
+  ASSERT_TRUE(Run(DmaDirection::kHostToDevice, 1 << 20, 512, 0).ok());
+  EXPECT_EQ(controller_->largest_io_bytes(), 1u << 20);
+  EXPECT_GT(controller_->prp_list_commands(), 0);
+  EXPECT_EQ(controller_->chained_prp_lists(), 0);
+  EXPECT_TRUE(
+      std::equal(sent.begin(), sent.end(), controller_->media().begin()));
 }
 
 TEST_F(NvmeDeviceTest, ControllerResetUnderIoFailsTheTransfersOut) {
