@@ -25,22 +25,23 @@ parallel=${TPUSHIM_JOBS:-2}
 # name :: file :: text :: replacement :: test target :: gtest filter :: claim
 # (\n in text or replacement is a newline)
 mutations=(
-  'hugetlb-flag :: allocator/region_pages.cc :: flags | MAP_HUGETLB | (shift << MAP_HUGE_SHIFT) :: flags :: region_pages_test :: *Hugetlb* :: the region is mapped from a hugetlb pool'
+  'hugetlb-flag :: allocator/region_pages.cc :: flags | MAP_HUGETLB | (shift << MAP_HUGE_SHIFT) :: flags | (shift & 0) :: region_pages_test :: *Hugetlb* :: the region is mapped from a hugetlb pool'
   'thp-advice :: allocator/region_pages.cc :: os.Madvise(start, length, MADV_HUGEPAGE) :: absl::OkStatus() :: region_pages_test :: *TransparentHugePages* :: the region is advised for transparent huge pages'
   'numa-bind :: allocator/premapped_region.cc :: ? os->NumaBindMemory(range.start, range.length, node) :: ? absl::OkStatus() :: region_pages_test :: *Numa* :: the region is bound to its NUMA node before the first touch'
   'mlock :: allocator/premapped_region.cc :: os->Mlock(range.start, range.length, Os::LockWhen::kOnFault) :: absl::OkStatus() :: region_pages_test :: *Lock* :: the region is locked in memory'
   'prefault-threads :: allocator/prefaulter.cc :: for (int i = 0; i < threads; ++i) { :: for (int i = 0; i < 1; ++i) { :: region_allocator_test :: *SeveralThreads* :: pre-faulting runs on several threads'
   'zero-copy-detection :: transfer/engine_queues.cc :: if (size > 0 && region_->allocator().Contains(host, size)) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
   'threshold-comparison :: transfer/engine_queues.cc :: } else if (size <= threshold_) { :: } else if (size < threshold_) { :: transfer_smoke_test :: *Threshold* :: the threshold is inclusive'
-  'staging-overlap :: transfer/transfer_engine.h :: int staging_depth = 8; :: int staging_depth = 1; :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
-  'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *ShallowPipeline* :: staging bytes in flight are bounded'
+  'staging-overlap :: transfer/engine_staging.cc :: if (buf == nullptr && held < config_.staging_depth) { :: if (buf == nullptr && held < 1) { :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
+  'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *StagingBackpressure* :: staging bytes in flight are bounded'
   'dependency-status :: transfer/engine_queues.cc :: if (!s.ok()) op->RecordError(s); :: (void)s; :: transfer_engine_test :: *FailedDependency* :: a failed dependency fails its dependants with its status'
   'callback-thread :: transfer/event.cc :: if (executor != nullptr) { :: if (false) { :: event_test :: *Callback* :: callbacks run on the callback thread, not the completing one'
   'c-handle-generation :: driver/c_api.cc :: if (generation < slots_[slot].generation) { :: if (false) { :: c_api_conformance_test :: *Stale* :: a freed C handle is refused, never reused'
   'nvme-prp-list :: device/nvme/nvme_io.cc :: list[n++] = page; :: list[n++] = page + kPage; :: nvme_device_test :: *EveryByte* :: NVMe PRP lists name each page of a transfer'
   'nvme-mdts-split :: device/nvme/nvme_device.cc :: std::min<uint64_t>(kMaxCommandBytes, uint64_t{mps_min_bytes} << mdts); :: kMaxCommandBytes; :: nvme_device_test :: *Mdts* :: NVMe commands are split at MDTS'
   'nvme-abort-waits :: device/nvme/nvme_io.cc :: WaitReady(false, "aborting commands that never completed"); :: absl::OkStatus(); :: nvme_device_test :: *NeverComplete* :: the abort waits for CSTS.RDY=0 before buffers are reused'
-  'nvme-health :: device/nvme/nvme_io.cc :: if (absl::Status health = ControllerHealth(); !health.ok()) { :: if (absl::Status health; !health.ok()) { :: nvme_device_test :: *UnderIo* :: a controller failing under I/O fails its transfers'
+  'nvme-health :: device/nvme/nvme_io.cc :: absl::Status health = ControllerHealth(); :: absl::Status health; :: nvme_device_test :: *UnderIo* :: a controller failing under I/O fails its transfers'
+  'nvme-command-timeout :: device/nvme/nvme_io.cc :: if (health.ok()) health = CheckCommandAges(q); :: (void)0; :: nvme_device_test :: *TimesOut* :: a command left out past the timeout fails and stops the controller'
   'fault-nth :: env/fault_injection.cc :: if (call == rule.k) return &rule; :: if (call == rule.k + 1) return &rule; :: os_test :: *Fault* :: fault points fire at exactly the nth call'
   'misaligned-staging :: transfer/engine_queues.cc :: *rerouted = path != TransferPath::kStaged;\n    path = TransferPath::kStaged; :: *rerouted = false; :: misaligned_test :: * :: misaligned host buffers are staged, never handed to the device'
   'vfio-root-disk :: device/vfio/host_use.cc :: Add(absl::StrCat("its disk ", disk, " holds ", mount_point, via_text)); :: (void)mount_point; :: vfio_host_use_test :: * :: no advice to unbind the controller of a mounted disk'
@@ -150,10 +151,11 @@ for m in "${selected[@]}"; do
   target=$(field "$m" 4)
   filter=$(field "$m" 5)
   total=$((total + 1))
-  cp "$root/$file" "$scratch/src/$file"
+  cp "$scratch/src/$file" "$scratch/pristine"
   if ! mutate "$scratch/src/$file" "$from" "$to" 2>"$scratch/mutate.log"; then
     echo "STALE   $name: $(cat "$scratch/mutate.log") in $file"
     missed+=("$name (stale)")
+    cp "$scratch/pristine" "$scratch/src/$file"
     continue
   fi
   result=missed
@@ -170,7 +172,7 @@ for m in "${selected[@]}"; do
       result="no test matched $filter"
     fi
   fi
-  cp "$root/$file" "$scratch/src/$file"
+  cp "$scratch/pristine" "$scratch/src/$file"
   if [[ $result == caught ]]; then
     caught=$((caught + 1))
     echo "caught  $name ($target $filter)"
