@@ -130,12 +130,29 @@ fi
 
 echo "=== scratch copy in $scratch ==="
 mkdir -p "$scratch"
-# The tree as it is, uncommitted changes included; files keep their times,
-# so the scratch build stays incremental between runs.
-rm -rf "$scratch/src"
-mkdir -p "$scratch/src"
+# One run at a time per scratch directory.
+exec 9>"$scratch/lock"
+if ! flock -n 9; then
+  echo "mutations.sh: another run is using $scratch" >&2
+  exit 1
+fi
+# The tree as it is, uncommitted changes included. Only files whose content
+# changed are replaced (with a new time), so the scratch build stays
+# incremental and never mistakes a changed file for an old one.
+rm -rf "$scratch/next"
+mkdir -p "$scratch/next" "$scratch/src"
 tar -C "$root" --exclude='./build*' --exclude=./.git -cf - . |
-  tar -C "$scratch/src" -xf -
+  tar -C "$scratch/next" -xf -
+(cd "$scratch/next" && find . -type f) | while read -r f; do
+  if ! cmp -s "$scratch/next/$f" "$scratch/src/$f"; then
+    mkdir -p "$(dirname "$scratch/src/$f")"
+    cp "$scratch/next/$f" "$scratch/src/$f"
+  fi
+done
+(cd "$scratch/src" && find . -type f) | while read -r f; do
+  [[ -e $scratch/next/$f ]] || rm -f "$scratch/src/$f"
+done
+rm -rf "$scratch/next"
 cmake -S "$scratch/src" -B "$scratch/build" -DCMAKE_BUILD_TYPE=Release \
   -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_VM_TESTS=OFF >"$scratch/cmake.log" 2>&1 ||
   { cat "$scratch/cmake.log"; exit 1; }
