@@ -216,12 +216,18 @@ class BlockWalk {
   PciFunctionUse& use_;
 };
 
-// The disk a block device's sysfs path names: ".../block/vda/vda2" -> vda.
-std::string DiskOf(absl::string_view link, const std::string& name) {
-  const size_t block = link.rfind("/block/");
-  if (block == absl::string_view::npos) return name;
-  absl::string_view rest = link.substr(block + 7);
-  return std::string(rest.substr(0, rest.find('/')));
+// The disk a block device belongs to: itself, or for a partition (it has a
+// `partition` attribute) the device above it in sysfs, as in
+// ".../block/vda/vda2" and ".../nvme/nvme0/nvme0n1/nvme0n1p2".
+std::string DiskOf(Os& os, absl::string_view link, const std::string& name) {
+  if (!os.ReadFile(absl::StrCat("/sys/class/block/", name, "/partition"))
+           .ok()) {
+    return name;
+  }
+  const size_t last = link.rfind('/');
+  if (last == absl::string_view::npos || last == 0) return name;
+  const size_t before = link.rfind('/', last - 1);
+  return std::string(link.substr(before + 1, last - before - 1));
 }
 
 void ReadBlockUse(Os& os, const std::string& address, PciFunctionUse& use) {
@@ -239,7 +245,8 @@ void ReadBlockUse(Os& os, const std::string& address, PciFunctionUse& use) {
       use.unknown = Cannot("read the link", path, link.status());
       return;
     }
-    if (Behind(*link, address)) ours.emplace_back(name, DiskOf(*link, name));
+    if (Behind(*link, address))
+      ours.emplace_back(name, DiskOf(os, *link, name));
   }
   if (ours.empty()) return;
   BlockUsers users;

@@ -54,6 +54,9 @@ void AddBlock(FakeTree& tree, const std::string& address,
   tree.Link("/sys/class/block/" + name, path)
       .File(absl::StrCat("/sys/class/block/", name, "/dev"), number + "\n")
       .Dir(absl::StrCat("/sys/class/block/", name, "/holders"));
+  if (!disk.empty()) {
+    tree.File(absl::StrCat("/sys/class/block/", name, "/partition"), "1\n");
+  }
 }
 
 // A virtual block device (dm or md) built on `lower`.
@@ -171,6 +174,23 @@ TEST(VfioHostUseTest, MdArrayOverLvmIsFollowedThroughEveryLevel) {
   AddHolder(tree, "md0", "dm-1", "253:1", "vg-srv");
   EXPECT_THAT(std::string(Check(tree).message()),
               HasSubstr("its disk vda holds /srv (via vda1 → md0 → vg-srv)"));
+}
+
+// NVMe namespaces sit below their controller's character device in sysfs
+// (no ".../block/" in the path): the partition is still named by its disk.
+TEST(VfioHostUseTest, NvmePartitionIsNamedByItsNamespace) {
+  FakeTree tree = FakeTree::QuietHost();
+  AddFunction(tree, kStorage, "0x010802", "nvme", 5);
+  tree.Link("/sys/class/block/nvme0n1",
+            Devices(kStorage) + "/nvme/nvme0/nvme0n1")
+      .File("/sys/class/block/nvme0n1/dev", "259:0\n")
+      .Link("/sys/class/block/nvme0n1p2",
+            Devices(kStorage) + "/nvme/nvme0/nvme0n1/nvme0n1p2")
+      .File("/sys/class/block/nvme0n1p2/dev", "259:2\n")
+      .File("/sys/class/block/nvme0n1p2/partition", "2\n")
+      .File("/proc/self/mountinfo", Mount("259:2", "/home", "/dev/nvme0n1p2"));
+  EXPECT_THAT(std::string(Check(tree).message()),
+              HasSubstr("its disk nvme0n1 holds /home (via nvme0n1p2)"));
 }
 
 TEST(VfioHostUseTest, SwapPartitionIsInUse) {
