@@ -78,16 +78,16 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
         "(TPU_PREMAPPED_BUFFER_SIZE=0) there is no staging to copy it "
         "through; align the buffer or turn the region on"));
   }
-  if (rerouted) {
-    staged_misaligned_.fetch_add(1, std::memory_order_relaxed);
-    WarnMisaligned(*op, host);
-  }
   if (to_device) {
     op->src = static_cast<const char*>(host);
   } else {
     op->dst = static_cast<char*>(const_cast<void*>(host));
   }
   op->size = size;
+  if (rerouted) {
+    staged_misaligned_.fetch_add(1, std::memory_order_relaxed);
+    WarnMisaligned(*op, host);
+  }
   op->buffer = std::move(a);
   op->buffer_offset = offset;
   op->semantics = semantics;
@@ -261,7 +261,7 @@ std::string Engine::PathReason(const Op& op) const {
     case TransferPath::kZeroCopy:
       return "the host buffer is in the premapped region";
     case TransferPath::kStaged:
-      if (op.misaligned && op.size > threshold_) {
+      if (op.misaligned) {
         return absl::StrCat("the host buffer is not ",
                             devices_[op.device]->info().host_alignment,
                             "-byte aligned for the device's DMA");

@@ -186,6 +186,8 @@ class NvmeDevice final : public Device {
   // itself (RDY = 0 without our disable) or left the bus (all ones), the
   // reason, for good: every later descriptor fails with it at once.
   absl::Status ControllerHealth();
+  // The error every descriptor gets once the controller is broken.
+  absl::Status Unusable();
   // DEADLINE_EXCEEDED (and the controller broken for good) when a command
   // of `q` has been out longer than the command timeout.
   absl::Status CheckCommandAges(Queue& q);
@@ -232,9 +234,13 @@ class NvmeDevice final : public Device {
   // Set when a worker disabled the controller to stop commands that never
   // completed: teardown then skips the orderly admin commands.
   std::atomic<bool> controller_disabled_{false};
-  Mutex abort_mu_;
+  Mutex abort_mu_;  // held across AbortController's wait
   std::optional<bool> abort_stopped_ ABSL_GUARDED_BY(abort_mu_);
-  absl::Status broken_ ABSL_GUARDED_BY(abort_mu_);
+  // Why the controller is unusable (OK while it works); broken_set_ says it
+  // is not OK without taking the lock.
+  Mutex broken_mu_;
+  absl::Status broken_ ABSL_GUARDED_BY(broken_mu_);
+  std::atomic<bool> broken_set_{false};
 
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::unique_ptr<RegionAllocator> allocator_;

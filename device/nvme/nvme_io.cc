@@ -54,10 +54,7 @@ void NvmeDevice::Fail(Pending& p, absl::Status status) {
 
 absl::Status NvmeDevice::Start(Queue& q, Pending& p) {
   const DmaDescriptor& d = p.d;
-  {
-    MutexLock lock(&abort_mu_);
-    if (!broken_.ok()) return broken_;
-  }
+  if (broken_set_.load(std::memory_order_acquire)) return Unusable();
   const uint64_t block = id_.block_bytes;
   const bool d2d = q.direction == DmaDirection::kDeviceToDevice;
   if (d.length == 0 || d.length % block != 0 || d.device_address % block != 0 ||
@@ -149,6 +146,10 @@ bool NvmeDevice::IssueOne(Queue& q, uint32_t slot) {
       if (!valid.ok()) LOG(ERROR) << valid;
     }
     if (!valid.ok()) Fail(p, std::move(valid));
+  }
+  if (p.issued < d.length && broken_set_.load(std::memory_order_acquire)) {
+    // Started before the controller failed: issue nothing more.
+    Fail(p, Unusable());
   }
   if (p.issued >= d.length) return false;
   const bool d2d = q.direction == DmaDirection::kDeviceToDevice;
@@ -272,8 +273,11 @@ void NvmeDevice::Reap(Queue& q) {
     q.cq_head = (q.cq_head + 1) % q.depth;
     if (q.cq_head == 0) q.phase ^= 1;
     reaped = true;
-    if (cid >= q.depth) {
-      LOG(ERROR) << info_.name << ": completion for unknown command id " << cid;
+    if (cid >= q.depth || q.commands[cid].issued_ns == 0) {
+      // Not a command that is out: an id beyond the queue, or one already
+      // failed by an abort whose completion the controller posted late.
+      LOG(ERROR) << info_.name << ": completion for command id " << cid
+                 << ", which is not out; ignored";
       continue;
     }
     Command& c = q.commands[cid];
@@ -348,6 +352,31 @@ void NvmeDevice::Worker(Queue& q) {
       stop = q.shutdown && q.to_issue.empty() && !busy;
       if (!busy && q.to_issue.empty()) q.idle = true;
     }
+    // A controller that failed, reset itself or left the bus completes
+    // nothing more, and a command out past the timeout will not come back:
+    // fail the commands rather than wait for ever. Checked by the clock,
+    // so a queue busy completing other commands checks too.
+    if (busy) {
+      const int64_t now = os_->MonotonicNanos();
+      if (now - last_health_check >= kHealthCheckNs) {
+        last_health_check = now;
+        bool shutting_down;
+        {
+          MutexLock lock(&q.mu);
+          shutting_down = q.shutdown;
+        }
+        absl::Status health =
+            shutting_down ? absl::OkStatus() : ControllerHealth();
+        if (health.ok() && !shutting_down) health = CheckCommandAges(q);
+        if (!health.ok()) {
+          AbortOutstanding(q, health);
+          MutexLock lock(&q.mu);
+          for (DmaCompletion& c : q.done) done.push_back(std::move(c));
+          q.done.clear();
+          busy = q.outstanding > 0;
+        }
+      }
+    }
     if (!done.empty()) {
       q.in_flight.fetch_sub(static_cast<uint32_t>(done.size()),
                             std::memory_order_acq_rel);
@@ -372,17 +401,6 @@ void NvmeDevice::Worker(Queue& q) {
       shutting_down = q.shutdown;
     }
     const int64_t now = os_->MonotonicNanos();
-    if (busy && !shutting_down && now - last_health_check >= kHealthCheckNs) {
-      // A controller that failed, reset itself or left the bus completes
-      // nothing more: fail the commands rather than wait for ever.
-      last_health_check = now;
-      absl::Status health = ControllerHealth();
-      if (health.ok()) health = CheckCommandAges(q);
-      if (!health.ok()) {
-        AbortOutstanding(q, health);
-        continue;
-      }
-    }
     if (!shutting_down || !busy) {
       stuck_since = 0;
       continue;
@@ -402,8 +420,15 @@ void NvmeDevice::Worker(Queue& q) {
   }
 }
 
+absl::Status NvmeDevice::Unusable() {
+  MutexLock lock(&broken_mu_);
+  return absl::Status(
+      broken_.code(),
+      absl::StrCat(info_.name, " is unusable: ", broken_.message()));
+}
+
 absl::Status NvmeDevice::ControllerHealth() {
-  MutexLock lock(&abort_mu_);
+  MutexLock lock(&broken_mu_);
   if (!broken_.ok()) return broken_;
   if (controller_disabled_.load(std::memory_order_acquire)) {
     return absl::OkStatus();
@@ -424,7 +449,10 @@ absl::Status NvmeDevice::ControllerHealth() {
         " was reset under I/O (CSTS.RDY=0); its queues are gone; close and "
         "reopen the device"));
   }
-  if (!broken_.ok()) LOG(ERROR) << broken_;
+  if (!broken_.ok()) {
+    LOG(ERROR) << broken_;
+    broken_set_.store(true, std::memory_order_release);
+  }
   return broken_;
 }
 
@@ -438,8 +466,8 @@ absl::Status NvmeDevice::CheckCommandAges(Queue& q) {
       if (c.issued_ns != 0 && now - c.issued_ns > command_timeout_ns_) {
         late = absl::StrFormat(
             "NVMe command %d (%d blocks at LBA %d, %s) on %s did not "
-            "complete within %.1f s; the controller was disabled to stop it: "
-            "close and reopen the device",
+            "complete within %.1f s; the controller is being disabled to stop "
+            "it: close and reopen the device",
             cid, c.blocks, c.lba, DmaDirectionName(q.direction), info_.name,
             static_cast<double>(command_timeout_ns_) / 1e9);
         break;
@@ -447,10 +475,11 @@ absl::Status NvmeDevice::CheckCommandAges(Queue& q) {
     }
   }
   if (late.empty()) return absl::OkStatus();
-  MutexLock lock(&abort_mu_);
+  MutexLock lock(&broken_mu_);
   if (broken_.ok()) {
     broken_ = absl::DeadlineExceededError(late);
     LOG(ERROR) << broken_;
+    broken_set_.store(true, std::memory_order_release);
   }
   return broken_;
 }
@@ -460,6 +489,10 @@ void NvmeDevice::AbortOutstanding(Queue& q, const absl::Status& why) {
   // then are the commands' buffers, bounce slots included, free again.
   const bool stopped = AbortController();
   MutexLock lock(&q.mu);
+  // Completions the controller posted before it stopped are real: take
+  // them first, so that only the commands still out are failed (and no
+  // command id is freed twice).
+  Reap(q);
   for (uint32_t cid = 0; cid < q.depth; ++cid) {
     if (std::find(q.free_cids.begin(), q.free_cids.end(), cid) !=
         q.free_cids.end()) {
@@ -471,7 +504,9 @@ void NvmeDevice::AbortOutstanding(Queue& q, const absl::Status& why) {
                 why.code(),
                 absl::StrCat(why.message(),
                              stopped ? ""
-                                     : "; the controller did not stop within "
+                                     : "; the controller did not confirm it "
+                                       "stopped (CSTS.RDY stayed 1, or it is "
+                                       "gone) within "
                                        "CAP.TO")));
     // A controller that did not stop may still write a bounce slot: it
     // stays out of use until the function is reset at close.

@@ -106,7 +106,8 @@ std::string DriverOf(Os& os, const std::string& sysfs) {
 struct BlockUsers {
   std::multimap<std::string, std::string> mounts_by_number;
   std::multimap<std::string, std::string> mounts_by_source;
-  std::set<std::string> swaps;  // /proc/swaps file names
+  std::set<std::string> swaps;     // /proc/swaps file names
+  std::set<std::string> fs_types;  // of every mount
 };
 
 absl::Status ReadBlockUsers(Os& os, BlockUsers& users) {
@@ -122,6 +123,7 @@ absl::Status ReadBlockUsers(Os& os, BlockUsers& users) {
     const auto dash = std::find(fields.begin() + 5, fields.end(), "-");
     if (dash != fields.end() && dash + 2 < fields.end()) {
       users.mounts_by_source.emplace(Unescape(*(dash + 2)), mount_point);
+      users.fs_types.insert(std::string(*(dash + 1)));
     }
   }
   absl::StatusOr<std::string> swaps = os.ReadFile("/proc/swaps");
@@ -159,8 +161,8 @@ class BlockWalk {
       sources.push_back(absl::StrCat("/dev/mapper/", dm_name));
     }
     std::set<std::string> mount_points;
-    if (const std::string number = Trimmed(os_.ReadFile(dir + "/dev"));
-        !number.empty()) {
+    const std::string number = Trimmed(os_.ReadFile(dir + "/dev"));
+    if (!number.empty()) {
       auto [first, last] = users_.mounts_by_number.equal_range(number);
       for (auto it = first; it != last; ++it) mount_points.insert(it->second);
     }
@@ -175,6 +177,20 @@ class BlockWalk {
     for (const std::string& mount_point : mount_points) {
       Add(absl::StrCat("its disk ", disk, " holds ", mount_point, via_text));
       used = true;
+    }
+    // ZFS pools and multi-device btrfs mount through one device (or a pool
+    // name), so their other members show no mount of their own: udev's
+    // probe of the device says what it carries.
+    if (!used) {
+      const std::string type = UdevFsType(number);
+      if ((type == "zfs_member" && users_.fs_types.contains("zfs")) ||
+          (type == "btrfs" && users_.fs_types.contains("btrfs"))) {
+        Add(absl::StrCat("its disk ", disk, " carries a ", type, " filesystem",
+                         via_text,
+                         ", and one is mounted: a pool or multi-device "
+                         "filesystem mounts through another device"));
+        used = true;
+      }
     }
 
     absl::StatusOr<std::vector<std::string>> holders =
@@ -204,6 +220,21 @@ class BlockWalk {
   }
 
  private:
+  // ID_FS_TYPE from udev's database for block device `number` ("8:16"),
+  // "" when udev does not run or did not probe it.
+  std::string UdevFsType(const std::string& number) const {
+    if (number.empty()) return "";
+    absl::StatusOr<std::string> data =
+        os_.ReadFile(absl::StrCat("/run/udev/data/b", number));
+    if (!data.ok()) return "";
+    for (absl::string_view line : absl::StrSplit(*data, '\n')) {
+      if (absl::ConsumePrefix(&line, "E:ID_FS_TYPE=")) {
+        return std::string(absl::StripAsciiWhitespace(line));
+      }
+    }
+    return "";
+  }
+
   void Add(std::string phrase) {
     if (std::find(use_.in_use.begin(), use_.in_use.end(), phrase) ==
         use_.in_use.end()) {
@@ -241,12 +272,28 @@ void ReadBlockUse(Os& os, const std::string& address, PciFunctionUse& use) {
   for (const std::string& name : Sorted(*names)) {
     const std::string path = absl::StrCat("/sys/class/block/", name);
     absl::StatusOr<std::string> link = os.ReadLink(path);
+    if (absl::IsInvalidArgument(link.status())) continue;  // not a link
     if (!link.ok()) {
       use.unknown = Cannot("read the link", path, link.status());
       return;
     }
-    if (Behind(*link, address))
+    if (Behind(*link, address)) {
       ours.emplace_back(name, DiskOf(os, *link, name));
+      continue;
+    }
+    // An NVMe multipath head (nvme0n1) lives under the subsystem, not the
+    // controller; the paths it uses (nvme0c0n1) are behind the controller.
+    absl::StatusOr<std::vector<std::string>> paths =
+        os.ListDirectory(path + "/multipath");
+    if (!paths.ok()) continue;
+    for (const std::string& entry : *paths) {
+      absl::StatusOr<std::string> target =
+          os.ReadLink(absl::StrCat(path, "/multipath/", entry));
+      if (target.ok() && Behind(*target, address)) {
+        ours.emplace_back(name, name);
+        break;
+      }
+    }
   }
   if (ours.empty()) return;
   BlockUsers users;
@@ -297,6 +344,8 @@ void ReadNetworkUse(Os& os, const std::string& address, PciFunctionUse& use) {
   for (const std::string& name : Sorted(*names)) {
     const std::string path = absl::StrCat("/sys/class/net/", name);
     absl::StatusOr<std::string> link = os.ReadLink(path);
+    // Plain files live there too (bonding_masters).
+    if (absl::IsInvalidArgument(link.status())) continue;
     if (!link.ok()) {
       use.unknown = Cannot("read the link", path, link.status());
       return;
@@ -495,10 +544,47 @@ PciFunctionUse HostUseOf(Os& os, const std::string& address) {
   use.address = address;
   use.kind = KindOf(os, sysfs);
   use.driver = DriverOf(os, sysfs);
+  // In a container the mounts and interfaces seen are the container's, not
+  // the host's: what the host uses cannot be told from here.
+  for (const char* ns : {"mnt", "net"}) {
+    absl::StatusOr<std::string> own =
+        os.ReadLink(absl::StrCat("/proc/self/ns/", ns));
+    absl::StatusOr<std::string> host =
+        os.ReadLink(absl::StrCat("/proc/1/ns/", ns));
+    if (own.ok() && host.ok() && *own != *host) {
+      use.unknown = absl::StrCat(
+          "this process runs in a ", ns,
+          " namespace of its own (a container?), so it does not see the "
+          "host's ",
+          std::string(ns) == "mnt" ? "mounts" : "network interfaces");
+      return use;
+    }
+  }
   ReadBlockUse(os, address, use);
   ReadNetworkUse(os, address, use);
   ReadDisplayUse(os, address, use);
   ReadUsbUse(os, address, use);
+  // Unbinding an SR-IOV physical function removes its virtual functions
+  // and whatever the host runs on them.
+  if (absl::StatusOr<std::vector<std::string>> entries =
+          os.ListDirectory(sysfs);
+      entries.ok()) {
+    for (const std::string& entry : Sorted(*entries)) {
+      if (!absl::StartsWith(entry, "virtfn")) continue;
+      absl::StatusOr<std::string> vf =
+          os.ReadLink(absl::StrCat(sysfs, "/", entry));
+      if (!vf.ok()) continue;
+      const PciFunctionUse vf_use = HostUseOf(os, Basename(*vf));
+      for (const std::string& phrase : vf_use.in_use) {
+        use.in_use.push_back(absl::StrCat("its virtual function ",
+                                          vf_use.address, ": ", phrase));
+      }
+      if (!vf_use.unknown.empty() && use.unknown.empty()) {
+        use.unknown = absl::StrCat("about its virtual function ",
+                                   vf_use.address, ": ", vf_use.unknown);
+      }
+    }
+  }
   return use;
 }
 

@@ -95,6 +95,15 @@ void FakeNvmeController::Step() {
     Disable();
     return;
   }
+  // Count what the engine publishes, even to a controller that no longer
+  // works.
+  for (auto& [qid, sq] : sqs_) {
+    if (qid == 0) continue;
+    const uint32_t tail = Load32(kAdminDoorbellSq + 8 * qid) % sq.size;
+    io_submitted_.fetch_add(
+        static_cast<int>((tail + sq.size - sq.seen_tail) % sq.size));
+    sq.seen_tail = tail;
+  }
   if (fatal_) return;
   if (en && !enabled_) Enable();
   if (!enabled_) return;
@@ -136,6 +145,17 @@ void FakeNvmeController::Enable() {
 }
 
 void FakeNvmeController::Disable() {
+  if (config_.complete_held_on_disable) {
+    for (const auto& [qid, sqe] : held_commands_) {
+      auto sq = sqs_.find(qid);
+      if (sq == sqs_.end()) continue;
+      Cqe cqe;
+      cqe.command_id = static_cast<uint16_t>(sqe.cdw0 >> 16);
+      cqe.sq_id = qid;
+      cqe.sq_head = static_cast<uint16_t>(sq->second.head);
+      Post(sq->second.cq, cqe);
+    }
+  }
   // A disable aborts everything: queues, held commands, posted or not.
   sqs_.clear();
   cqs_.clear();
@@ -189,7 +209,7 @@ void FakeNvmeController::Fetch(uint16_t qid) {
         return;
       }
       if (config_.hold_io_from > 0 && io_seen_ >= config_.hold_io_from) {
-        held_commands_.push_back(sqe);
+        held_commands_.emplace_back(qid, sqe);
         held_.fetch_add(1);
         continue;
       }

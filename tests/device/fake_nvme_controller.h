@@ -60,6 +60,9 @@ struct FakeNvmeConfig {
   uint16_t fail_status = 0x80;   // ... with this status code (LBA Out of Range)
   int hold_io_from = 0;  // n > 0: I/O commands from the n-th on never complete
   int disable_delay_ms = 0;  // from CC.EN = 0 to CSTS.RDY = 0
+  // On CC.EN = 0, complete the held commands (successfully) before
+  // stopping, as a controller finishing its work in flight does.
+  bool complete_held_on_disable = false;
   // n > 0: on receiving the n-th I/O command (which it never completes)
   // the controller sets CSTS.CFS and stops working ...
   int fatal_at_io = 0;
@@ -87,6 +90,9 @@ class FakeNvmeController {
   int copies() const { return copies_.load(); }
   int interrupts() const { return interrupts_.load(); }
   int held() const { return held_.load(); }
+  // I/O submission entries the engine published (tail doorbell writes
+  // counted in entries), whether or not the controller fetched them.
+  int io_submitted() const { return io_submitted_.load(); }
   bool ready() const;  // CSTS.RDY now
   // Times CC.EN went 1 -> 0, and whether CSTS.RDY was still 1 when the
   // BAR was unmapped (the engine did not wait for the disable).
@@ -99,6 +105,7 @@ class FakeNvmeController {
     uint32_t size = 0;
     uint32_t head = 0;
     uint16_t cq = 0;
+    uint32_t seen_tail = 0;  // the tail doorbell last seen
   };
   struct Completion {
     uint64_t base = 0;
@@ -144,7 +151,7 @@ class FakeNvmeController {
   std::map<uint16_t, Submission> sqs_;  // 0: admin
   std::map<uint16_t, Completion> cqs_;
   int io_seen_ = 0;
-  std::vector<nvme_internal::Sqe> held_commands_;
+  std::vector<std::pair<uint16_t, nvme_internal::Sqe>> held_commands_;
 
   std::atomic<int> io_commands_{0};
   std::atomic<uint64_t> largest_io_bytes_{0};
@@ -154,6 +161,7 @@ class FakeNvmeController {
   std::atomic<int> copies_{0};
   std::atomic<int> interrupts_{0};
   std::atomic<int> held_{0};
+  std::atomic<int> io_submitted_{0};
   std::atomic<int> disables_{0};
   std::atomic<bool> unmapped_while_ready_{false};
 };

@@ -286,7 +286,76 @@ TEST(VfioHostUseTest, DisksBehindABridgeCountForTheBridge) {
               ElementsAre("its disk vda holds / (via vda1)"));
 }
 
+// Native NVMe multipath: the namespace the host mounts (nvme0n1) sits
+// under the subsystem; only its path through this controller (nvme0c0n1)
+// is behind the function.
+TEST(VfioHostUseTest, NvmeMultipathHeadIsFollowedToItsController) {
+  FakeTree tree = FakeTree::QuietHost();
+  AddFunction(tree, kStorage, "0x010802", "nvme", 5);
+  tree.Link("/sys/class/block/nvme0c0n1",
+            Devices(kStorage) + "/nvme/nvme0/nvme0c0n1")
+      .File("/sys/class/block/nvme0c0n1/dev", "259:1\n")
+      .Link("/sys/class/block/nvme0n1",
+            "../../devices/virtual/nvme-subsystem/nvme-subsys0/nvme0n1")
+      .File("/sys/class/block/nvme0n1/dev", "259:0\n")
+      .Link("/sys/class/block/nvme0n1/multipath/nvme0c0n1",
+            "../../../../../pci0000:00/0000:00:02.0/nvme/nvme0/nvme0c0n1")
+      .File("/proc/self/mountinfo", Mount("259:0", "/", "/dev/nvme0n1"));
+  const absl::Status s = Check(tree);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("its disk nvme0n1 holds /"));
+  EXPECT_THAT(s, Not(GivesCommands()));
+}
+
+// A ZFS pool mounts by its name, not by a device: udev's probe says the
+// disk is a pool member, and a pool is mounted.
+TEST(VfioHostUseTest, ZfsPoolMemberIsInUseWhenAPoolIsMounted) {
+  FakeTree tree = FakeTree::QuietHost();
+  AddFunction(tree, kStorage, "0x010000", "virtio-pci", 5);
+  AddBlock(tree, kStorage, "vdb", "254:16");
+  tree.File("/run/udev/data/b254:16",
+            "S:disk/by-id/x\nE:ID_FS_TYPE=zfs_member\n")
+      .File("/proc/self/mountinfo",
+            "30 22 0:45 / /tank rw - zfs tank rw,xattr\n");
+  const absl::Status s = Check(tree);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("its disk vdb carries a zfs_member filesystem"));
+  EXPECT_THAT(s, Not(GivesCommands()));
+}
+
+TEST(VfioHostUseTest, VirtualFunctionsInUseKeepThePhysicalOneBusy) {
+  FakeTree tree = FakeTree::QuietHost();
+  AddFunction(tree, "0000:03:00.0", "0x020000", "ixgbe", 14);
+  AddFunction(tree, "0000:03:10.0", "0x020000", "ixgbevf", 15);
+  tree.Link("/sys/bus/pci/devices/0000:03:00.0/virtfn0", "../0000:03:10.0");
+  AddInterface(tree, "0000:03:10.0", "eth5", "0x1003");
+  const absl::Status s = Check(tree, "0000:03:00.0");
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("its virtual function 0000:03:10.0: its interface eth5 "
+                        "is up"));
+  EXPECT_THAT(s, Not(GivesCommands()));
+}
+
+TEST(VfioHostUseTest, PlainFilesAmongTheInterfacesAreSkipped) {
+  FakeTree tree = FakeTree::QuietHost();
+  AddFunction(tree, kNic, "0x020000", "e1000e", 6);
+  AddInterface(tree, kNic, "eth1", "0x1002");
+  tree.File("/sys/class/net/bonding_masters", "bond0\n");
+  EXPECT_THAT(Check(tree, kNic), GivesCommands());
+}
+
 // ---- Refused: cannot tell ---------------------------------------------------
+
+TEST(VfioHostUseTest, InAContainerTheHostsUseCannotBeTold) {
+  FakeTree tree = FakeTree::QuietHost();
+  AddFunction(tree, kStorage, "0x010802", "nvme", 5);
+  tree.Link("/proc/self/ns/mnt", "mnt:[4026532200]")
+      .Link("/proc/1/ns/mnt", "mnt:[4026531840]");
+  const absl::Status s = Check(tree);
+  EXPECT_THAT(std::string(s.message()),
+              AllOf(HasSubstr("cannot tell whether the host uses"),
+                    HasSubstr("mnt namespace of its own")));
+  EXPECT_THAT(s, Not(GivesCommands()));
+}
 
 TEST(VfioHostUseTest, UnreadableMountinfoMeansNoAdvice) {
   FakeTree tree = RootDiskHost();

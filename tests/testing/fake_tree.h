@@ -153,6 +153,12 @@ class FakeTreeOs : public OsWrapper {
   absl::StatusOr<std::string> ReadLink(const std::string& path) override {
     if (!Owned(path)) return OsWrapper::ReadLink(path);
     if (auto answer = tree_.ReadLink(path)) return *answer;
+    if (tree_.ReadFile(path).has_value() ||
+        tree_.ListDirectory(path).has_value()) {
+      // readlink(2) of something that is not a link: EINVAL.
+      return absl::InvalidArgumentError(
+          absl::StrCat("readlink(", path, "): Invalid argument"));
+    }
     return NoSuchPath("readlink", path);
   }
   absl::StatusOr<std::vector<std::string>> ListDirectory(

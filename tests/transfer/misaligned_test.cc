@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scoped_test_logging.h"
 #include "tests/testing/transfer_rig.h"
 #include "transfer/transfer_engine.h"
 
@@ -62,6 +63,7 @@ void RoundTrip(TransferEngine& engine, const char* src, char* dst, uint64_t n) {
 
 // 8 MiB, over the 1 MiB threshold: an aligned buffer would be pinned.
 TEST(MisalignedTest, LargeMisalignedBuffersAreStagedAndCounted) {
+  testutil::ScopedTestLogging logs;
   auto rig = Rig(16 * kMiB, 1 * kMiB);
   ASSERT_NE(rig, nullptr);
   const uint64_t n = 8 * kMiB;
@@ -81,6 +83,11 @@ TEST(MisalignedTest, LargeMisalignedBuffersAreStagedAndCounted) {
             1u);
   EXPECT_EQ(rig->misaligned_dma(), 0u);
   EXPECT_EQ(rig->TearDownAndReport(), "");
+  // One WARNING (the second is within the rate limit), saying what and why.
+  const std::string warnings = logs.File("WARNING");
+  EXPECT_THAT(warnings, HasSubstr("Transfer of 8.00M host→device on sim:0 is "
+                                  "staged whatever its size"));
+  EXPECT_THAT(warnings, HasSubstr("is not 4-byte aligned"));
 }
 
 // The control: the same transfer from aligned buffers takes the pinned
