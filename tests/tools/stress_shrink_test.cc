@@ -200,9 +200,15 @@ TEST_F(StressShrinkTest, PlantedCorruptionShrinksToAHandfulOfOperations) {
               HasSubstr("hash mismatch: "));
   EXPECT_EQ(s["same"]["op"], s["violation"]["op"]);
   EXPECT_EQ(s["same"]["kind"], "hash mismatch");
-  // What the violating operation needs is tried first: a few replays, where
-  // delta debugging from 2,000 operations alone takes hundreds.
-  EXPECT_LE(s["replays"].get<int>(), 15);
+  // What the violating operation needs is tried first, so delta debugging
+  // starts from a few operations, not 2,000. Proving a set of m operations
+  // 1-minimal alone takes up to 2m replays (each one alone, each one left
+  // out); how many more depends on the slice, which depends on how the four
+  // threads interleaved in the recorded run (seen: 3 kept in 5 replays, 4 in
+  // 8, 7 in 17). Delta debugging from the whole record needs more than that
+  // before it is down to a few hundred operations.
+  EXPECT_LE(s["replays"].get<int>(), 6 * s["ops_after"].get<int>())
+      << s.dump(2);
   EXPECT_EQ(s["budget_seconds"], 60);  // the default --shrink-seconds
   EXPECT_EQ(s["budget_exhausted"], false);
   EXPECT_EQ(s["minimal"], true);
