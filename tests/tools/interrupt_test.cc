@@ -123,7 +123,7 @@ class InterruptTest : public ::testing::TestWithParam<int> {
   int signal() const { return GetParam(); }
   std::vector<std::string> Env() const {
     return {"TPU_LOG_DIR=" + logs_.path(), "TPU_PREMAPPED_BUFFER_SIZE=16777216",
-            "TPUSHIM_DEVICE=sim://?devices=2&hbm=64M", "PATH=/usr/bin:/bin"};
+            "TPUSHIM_DEVICE=sim://?devices=2&hbm=256M", "PATH=/usr/bin:/bin"};
   }
   void ExpectEndedBySignal(const Interrupted& r) {
     EXPECT_EQ(r.exit_code, 128 + signal()) << r.err;
@@ -183,12 +183,13 @@ TEST_P(InterruptTest, BenchJson) {
 }
 
 // The sweep's children (tune-point, each holding a region) are stopped
-// with it; the points not run are reported as interrupted.
+// with it; the points not run are reported as interrupted. The devices
+// hold the streams' buffers (2 x 64 MiB each), so the points run.
 TEST_P(InterruptTest, Tune) {
-  const Interrupted r = RunAndInterrupt(
-      {"tune", "--sizes", "16M,32M,64M", "--repeats", "1", "--seconds", "3",
-       "--json"},
-      Env(), signal(), absl::Milliseconds(2500));
+  const Interrupted r =
+      RunAndInterrupt({"tune", "--sizes", "16M,32M,64M", "--repeats", "1",
+                       "--seconds", "3", "--json"},
+                      Env(), signal(), absl::Milliseconds(2500));
   ExpectEndedBySignal(r);
   const Json j = Json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
@@ -199,13 +200,15 @@ TEST_P(InterruptTest, Tune) {
 }
 
 // SIGKILL cannot be handled: the tune-point children must still go, by
-// themselves (PR_SET_PDEATHSIG), instead of holding pinned memory.
+// themselves (PR_SET_PDEATHSIG), instead of holding pinned memory. The
+// device is large enough for the streams, so a point is running when the
+// sweep is killed.
 TEST(InterruptKillTest, TuneChildrenDieWithAKilledSweep) {
   ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
   testutil::TempDir logs;
   const Interrupted r = RunAndInterrupt(
       {"tune", "--sizes", "16M,32M", "--repeats", "1", "--seconds", "5"},
-      {"TPU_LOG_DIR=" + logs.path(), "TPUSHIM_DEVICE=sim://?hbm=64M",
+      {"TPU_LOG_DIR=" + logs.path(), "TPUSHIM_DEVICE=sim://?hbm=512M",
        "PATH=/usr/bin:/bin"},
       SIGKILL, absl::Milliseconds(2500));
   EXPECT_TRUE(r.left_behind.empty())
@@ -213,9 +216,9 @@ TEST(InterruptKillTest, TuneChildrenDieWithAKilledSweep) {
 }
 
 TEST_P(InterruptTest, Stress) {
-  const Interrupted r = RunAndInterrupt(
-      {"stress", "--seconds", "60", "--json"}, Env(), signal(),
-      absl::Milliseconds(1500));
+  const Interrupted r =
+      RunAndInterrupt({"stress", "--seconds", "60", "--json"}, Env(), signal(),
+                      absl::Milliseconds(1500));
   ExpectEndedBySignal(r);
   const Json j = Json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
