@@ -46,6 +46,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "allocator/region_allocator.h"
 #include "tpushim/transfer.h"
 
 namespace tpushim {
@@ -96,12 +97,12 @@ class DmaCompletionSink {
 };
 
 struct DeviceInfo {
-  int id = 0;                 // index in its system, 0 .. N-1
-  std::string name;           // e.g. "sim:0"
-  std::string backend;        // "sim"
-  uint64_t hbm_bytes = 0;     // device memory capacity
-  int dma_engines = 1;        // DMA engines per direction
-  uint32_t ring_entries = 0;  // descriptors per queue ring (power of two)
+  int id = 0;                    // index in its system, 0 .. N-1
+  std::string name;              // e.g. "sim:0"
+  std::string backend;           // "sim"
+  uint64_t hbm_bytes = 0;        // device memory capacity
+  int dma_engines = 1;           // DMA engines per direction
+  uint32_t ring_entries = 0;     // descriptors per queue ring (power of two)
   std::optional<int> numa_node;  // the host NUMA node the device sits on
   double link_gbps = 0;          // modelled link, 0 = unthrottled
   double latency_us = 0;         // modelled per-descriptor latency
@@ -113,6 +114,21 @@ struct DeviceInfo {
   // not goes through staging, whose buffers always are.
   uint32_t host_alignment = 1;
 };
+
+// A device's memory as its allocator sees it.
+struct DeviceMemoryStats {
+  uint64_t capacity_bytes = 0;
+  uint64_t bytes_in_use = 0;  // live allocations, each rounded to granule
+  uint64_t free_bytes = 0;
+  uint64_t largest_free_block = 0;
+  // 1 - largest free block / free bytes; 0 when nothing is free.
+  double fragmentation = 0.0;
+  // An allocation of n bytes holds n rounded up to a multiple of this.
+  uint64_t granule = 1;
+};
+// The stats of a device memory that a RegionAllocator manages.
+DeviceMemoryStats DeviceMemoryStatsOf(const RegionAllocator::Stats& stats,
+                                      uint64_t granule);
 
 class Device {
  public:
@@ -140,8 +156,10 @@ class Device {
   // Frees an address AllocateMemory returned. INVALID_ARGUMENT (and no
   // change) for anything else. REQUIRES: no descriptor in flight uses it.
   virtual absl::Status FreeMemory(uint64_t device_address) = 0;
-  // Bytes of device memory in use and free.
+  // Bytes of device memory in use (each allocation rounded up to
+  // DeviceMemoryStats::granule).
   virtual uint64_t MemoryInUse() const = 0;
+  virtual DeviceMemoryStats GetMemoryStats() const = 0;
 
   // ---- Host windows -------------------------------------------------------
 

@@ -86,6 +86,12 @@ class NvmeDevice final : public Device {
   uint64_t MemoryInUse() const override {
     return allocator_ ? allocator_->GetStats().bytes_in_use : 0;
   }
+  DeviceMemoryStats GetMemoryStats() const override {
+    // Allocations are whole logical blocks (at least 512 bytes).
+    return allocator_
+               ? DeviceMemoryStatsOf(allocator_->GetStats(), id_.block_bytes)
+               : DeviceMemoryStats{};
+  }
   absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
                                                   uint64_t length) override;
   absl::Status UnregisterHostWindow(HostWindowId window) override;

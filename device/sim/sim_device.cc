@@ -83,6 +83,10 @@ class SimDevice final : public Device {
   uint64_t MemoryInUse() const override {
     return allocator_.GetStats().bytes_in_use;
   }
+  DeviceMemoryStats GetMemoryStats() const override {
+    return DeviceMemoryStatsOf(allocator_.GetStats(),
+                               RegionAllocator::kAlignment);
+  }
 
   absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
                                                   uint64_t length) override;

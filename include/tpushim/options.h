@@ -27,21 +27,21 @@ struct OptionOverrides {
   std::optional<uint64_t> premapped_buffer_size;  // TPU_PREMAPPED_BUFFER_SIZE
   // TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES
   std::optional<uint64_t> premapped_buffer_transfer_threshold_bytes;
-  std::optional<std::string> log_dir;         // TPU_LOG_DIR ("disabled")
-  std::optional<int> min_log_level;           // TPU_MIN_LOG_LEVEL
-  std::optional<int> stderr_log_level;        // TPU_STDERR_LOG_LEVEL
-  std::optional<std::string> vmodule;         // TPU_VMODULE
-  std::optional<uint64_t> max_log_size_mb;    // TPU_MAX_LOG_SIZE_MB
-  std::optional<int> log_keep;                // TPUSHIM_LOG_KEEP
-  std::optional<std::string> device;          // TPUSHIM_DEVICE
-  std::optional<HugePagesMode> hugepages;     // TPUSHIM_HUGEPAGES
-  std::optional<int> prefault_threads;        // TPUSHIM_PREFAULT_THREADS
+  std::optional<std::string> log_dir;       // TPU_LOG_DIR ("disabled")
+  std::optional<int> min_log_level;         // TPU_MIN_LOG_LEVEL
+  std::optional<int> stderr_log_level;      // TPU_STDERR_LOG_LEVEL
+  std::optional<std::string> vmodule;       // TPU_VMODULE
+  std::optional<uint64_t> max_log_size_mb;  // TPU_MAX_LOG_SIZE_MB
+  std::optional<int> log_keep;              // TPUSHIM_LOG_KEEP
+  std::optional<std::string> device;        // TPUSHIM_DEVICE
+  std::optional<HugePagesMode> hugepages;   // TPUSHIM_HUGEPAGES
+  std::optional<int> prefault_threads;      // TPUSHIM_PREFAULT_THREADS
   // TPUSHIM_NUMA_NODE: nullopt inside = auto.
   std::optional<std::optional<int>> numa_node;
-  std::optional<MlockMode> mlock;             // TPUSHIM_MLOCK
-  std::optional<std::string> faults;          // TPUSHIM_FAULTS
-  std::optional<std::string> trace_file;      // TPUSHIM_TRACE_FILE
-  std::optional<bool> dump_on_oom;            // TPUSHIM_DUMP_ON_OOM
+  std::optional<MlockMode> mlock;         // TPUSHIM_MLOCK
+  std::optional<std::string> faults;      // TPUSHIM_FAULTS
+  std::optional<std::string> trace_file;  // TPUSHIM_TRACE_FILE
+  std::optional<bool> dump_on_oom;        // TPUSHIM_DUMP_ON_OOM
 };
 
 }  // namespace tpushim

@@ -18,11 +18,13 @@ namespace {
 class AlignedDevice : public Device {
  public:
   AlignedDevice(std::unique_ptr<Device> device, uint32_t alignment,
+                uint32_t block_bytes,
                 std::shared_ptr<std::atomic<uint64_t>> misaligned)
       : device_(std::move(device)),
         info_(device_->info()),
         misaligned_(std::move(misaligned)) {
     info_.host_alignment = alignment;
+    info_.block_bytes = block_bytes;
   }
   const DeviceInfo& info() const override { return info_; }
   void SetCompletionSink(DmaCompletionSink* sink) override {
@@ -35,6 +37,9 @@ class AlignedDevice : public Device {
     return device_->FreeMemory(device_address);
   }
   uint64_t MemoryInUse() const override { return device_->MemoryInUse(); }
+  DeviceMemoryStats GetMemoryStats() const override {
+    return device_->GetMemoryStats();
+  }
   absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
                                                   uint64_t length) override {
     absl::StatusOr<HostWindowId> id = device_->RegisterHostWindow(base, length);
@@ -105,9 +110,10 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
   TPUSHIM_ASSIGN_OR_RETURN(
       rig->devices_,
       OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
-  if (params.host_alignment > 1) {
+  if (params.host_alignment > 1 || params.block_bytes > 1) {
     for (auto& d : rig->devices_) {
       d = std::make_unique<AlignedDevice>(std::move(d), params.host_alignment,
+                                          params.block_bytes,
                                           rig->misaligned_dma_);
     }
   }

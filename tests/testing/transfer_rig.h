@@ -43,6 +43,10 @@ class TransferRig {
     // counts the descriptors whose host address breaks it
     // (misaligned_dma()), which must then never happen.
     uint32_t host_alignment = 1;
+    // > 1: every device states that it moves whole blocks of this size
+    // (as NVMe states its logical block): device buffers and the offsets
+    // and sizes of transfers are multiples of it.
+    uint32_t block_bytes = 1;
     TransferEngine::Config engine{};
   };
 
