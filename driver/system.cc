@@ -330,6 +330,23 @@ absl::StatusOr<DeviceBuffer> System::AllocateDevice(int device, uint64_t size) {
   return impl_->engine->Allocate(device, size);
 }
 
+absl::StatusOr<DeviceBuffer> System::AllocateDevice(
+    int device, const DeviceBufferSpec& spec) {
+  return impl_->engine->Allocate(device, spec);
+}
+
+absl::StatusOr<Event> System::TransferArrayToDevice(
+    const void* src, const DeviceBuffer& dst, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  return impl_->engine->TransferArrayToDevice(src, dst, wait_for, semantics);
+}
+
+absl::StatusOr<Event> System::TransferArrayFromDevice(
+    const DeviceBuffer& src, void* dst, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  return impl_->engine->TransferArrayFromDevice(src, dst, wait_for, semantics);
+}
+
 absl::StatusOr<Event> System::Deallocate(const DeviceBuffer& buffer,
                                          absl::Span<const Event> wait_for) {
   return impl_->engine->Deallocate(buffer, wait_for);
@@ -392,11 +409,24 @@ SystemStats System::GetStats() const {
     s.region.locked = r.locked;
     s.region.startup_time = r.startup_time;
   }
-  for (const auto& d : impl_->devices) {
-    s.devices.push_back(DeviceStats{.id = d->info().id,
-                                    .name = d->info().name,
-                                    .hbm_bytes = d->info().hbm_bytes,
-                                    .hbm_in_use = d->MemoryInUse()});
+  const std::vector<DeviceMemoryUse> use = impl_->engine->GetMemoryUse();
+  for (size_t i = 0; i < impl_->devices.size(); ++i) {
+    const Device& d = *impl_->devices[i];
+    const DeviceMemoryStats m = d.GetMemoryStats();
+    const DeviceMemoryUse u = i < use.size() ? use[i] : DeviceMemoryUse{};
+    s.devices.push_back(
+        DeviceStats{.id = d.info().id,
+                    .name = d.info().name,
+                    .hbm_bytes = d.info().hbm_bytes,
+                    .hbm_in_use = m.bytes_in_use,
+                    .buffers_live = u.buffers,
+                    .padded_bytes_in_use = u.padded_bytes,
+                    .unpadded_bytes_in_use = u.unpadded_bytes,
+                    .peak_padded_bytes = u.peak_padded_bytes,
+                    .peak_unpadded_bytes = u.peak_unpadded_bytes,
+                    .hbm_free = m.free_bytes,
+                    .largest_free_block = m.largest_free_block,
+                    .fragmentation = m.fragmentation});
   }
   return s;
 }

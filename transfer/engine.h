@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -34,11 +35,13 @@
 #include "allocator/premapped_region.h"
 #include "common/mutex.h"
 #include "device/device.h"
+#include "device/xla_shape.h"
 #include "env/os.h"
 #include "tpushim/transfer.h"
 #include "transfer/event.h"
 #include "transfer/host_worker.h"
 #include "transfer/pin_tracker.h"
+#include "transfer/relayout.h"
 #include "transfer/trace.h"
 #include "transfer/transfer_engine.h"
 
@@ -52,12 +55,29 @@ inline constexpr uint64_t kSpinAwaitMaxBytes = 256 << 10;
 // come back before it sleeps.
 inline constexpr int64_t kCopierSpinNs = 50'000;
 
+// The array a shaped device buffer holds, and how to lay it out.
+struct BufferShape {
+  ArrayShape array;   // with the layout used
+  std::string text;   // ToString(array)
+  RelayoutPlan plan;  // host dense <-> device image
+  uint64_t unpadded_bytes = 0;
+  uint64_t host_bytes = 0;
+};
+
 // A device buffer's state, shared by its DeviceBuffer handles.
 struct Allocation {
   uint64_t engine_serial = 0;
   int device = 0;
   uint64_t address = 0;
+  // Device bytes: for a shaped buffer its padded image (image_bytes),
+  // rounded up to the device's block (DeviceInfo::block_bytes).
   uint64_t size = 0;
+  uint64_t image_bytes = 0;                  // == size for a byte buffer
+  uint64_t unpadded = 0;                     // == size for a byte buffer
+  uint64_t serial = 0;                       // allocation order, for reports
+  std::shared_ptr<const BufferShape> shape;  // null for a byte buffer
+  std::string label;
+  std::string op_metadata;
 
   Mutex mu;
   // Operations submitted on the buffer and not finished.
@@ -118,6 +138,15 @@ struct Op {
   uint64_t buffer_offset = 0;
   std::shared_ptr<Allocation> peer;  // d2d destination
   uint64_t peer_offset = 0;
+  // An array transfer: the host holds the dense array (src / dst) and the
+  // device the tiled image of buffer->shape; `size` is the image's length.
+  // Staged, each chunk's copy is the relayout; pinned, the whole image
+  // goes through `image` (a heap buffer the pinned path DMAs).
+  const RelayoutPlan* relayout = nullptr;
+  uint64_t image_bytes = 0;  // of `size`, the image; the rest is zero
+  const char* dense_src = nullptr;
+  char* dense_dst = nullptr;
+  std::unique_ptr<char, void (*)(char*)> image{nullptr, nullptr};
   HostBufferSemantics semantics =
       HostBufferSemantics::kImmutableUntilTransferCompletes;
   std::shared_ptr<EventState> event;
@@ -195,6 +224,8 @@ class Engine {
 
   int device_count() const { return static_cast<int>(devices_.size()); }
   absl::StatusOr<DeviceBuffer> Allocate(int device, uint64_t size);
+  absl::StatusOr<DeviceBuffer> Allocate(int device,
+                                        const DeviceBufferSpec& spec);
   absl::StatusOr<Event> Deallocate(const DeviceBuffer& buffer,
                                    absl::Span<const Event> wait_for);
   absl::StatusOr<Event> Submit(std::shared_ptr<Op> op,
@@ -219,6 +250,12 @@ class Engine {
                                                 uint64_t offset,
                                                 const void* host, uint64_t size,
                                                 HostBufferSemantics semantics);
+  // A transfer of the whole array of `buffer` from or to the host's dense
+  // copy at `host` (DeviceBuffer::host_size() bytes).
+  absl::StatusOr<std::shared_ptr<Op>> NewArrayOp(OpKind kind,
+                                                 const DeviceBuffer& buffer,
+                                                 const void* host,
+                                                 HostBufferSemantics semantics);
   absl::StatusOr<std::shared_ptr<Op>> NewDeviceToDeviceOp(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size);
@@ -229,6 +266,7 @@ class Engine {
   TransferPath PathFor(const void* host, uint64_t size, int device, int* reason,
                        bool* misaligned, bool* rerouted) const;
   TransferEngine::Stats GetStats() const;
+  std::vector<DeviceMemoryUse> GetMemoryUse() const;
 
   static std::shared_ptr<Allocation> AllocationOf(const DeviceBuffer& b) {
     return b.allocation_;
@@ -275,12 +313,21 @@ class Engine {
     return *queues_[device * kDmaDirectionCount + static_cast<int>(d)];
   }
   absl::Status CheckOpen() const;
+  absl::Status CheckDevice(int device) const;
   absl::StatusOr<std::shared_ptr<Allocation>> UseBuffer(
       const DeviceBuffer& buffer, uint64_t offset, uint64_t size,
       absl::string_view what);
   void ReleaseBufferUse(const std::shared_ptr<Allocation>& a);
   void DeallocStep(const std::shared_ptr<Allocation>& a);
   void FreeAllocation(const std::shared_ptr<Allocation>& a);
+  // Allocates `size` device bytes for `a` (device, shape and label set)
+  // and makes it live; on RESOURCE_EXHAUSTED adds XLA's HBM report.
+  absl::StatusOr<DeviceBuffer> AllocateLive(std::shared_ptr<Allocation> a);
+  std::string HbmReport(const Allocation& request) const;
+  // Pinned path of an array transfer: the heap image it DMAs, packed from
+  // the host array (to device). False (status recorded) when there is no
+  // memory for it.
+  bool PrepareImage(Op& op);
 
   void DepDone(const std::shared_ptr<Op>& op);
   void Kick(Queue& q);
@@ -320,6 +367,14 @@ class Engine {
   void OnDmaComplete(int device, DmaDirection direction,
                      absl::Span<const DmaCompletion> completions);
   void NextFromDevice(Op& op, Chunk& chunk, bool ok);
+  // Staged device→host: the chunk's bytes into the caller's buffer (laid
+  // out back into the dense array for an array transfer).
+  void CopyOut(Op& op, const Chunk& chunk);
+  // An array transfer's bytes [offset, offset + n) of the device image
+  // from the dense host array (zero past the image), and back.
+  static void PackRange(const Op& op, uint64_t offset, uint64_t n, char* dst);
+  static void UnpackRange(const Op& op, const char* src, uint64_t offset,
+                          uint64_t n);
   void WarnPinned(const Op& op, int reason);
   void WarnMisaligned(const Op& op, const void* host);
   // The rate limit the fallback WARNINGs share: at most one every
@@ -360,6 +415,9 @@ class Engine {
   absl::flat_hash_map<Allocation*, std::shared_ptr<Allocation>> live_
       ABSL_GUARDED_BY(mu_);
   uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_allocation_serial_ ABSL_GUARDED_BY(mu_) = 0;
+  // Per device: padded and unpadded bytes of live buffers, and their peaks.
+  std::vector<DeviceMemoryUse> memory_use_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> closing_{false};  // mirrors shutting_down_, lock-free
 
   // Operations not yet ready; Shutdown waits for 0.

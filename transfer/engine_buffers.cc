@@ -1,9 +1,13 @@
+#include <algorithm>
 #include <memory>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
+#include "device/hbm_report.h"
 #include "logging/log.h"
 #include "transfer/engine.h"
 
@@ -13,32 +17,136 @@ namespace tpushim::transfer_internal {
 
 absl::StatusOr<DeviceBuffer> Engine::Allocate(int device, uint64_t size) {
   TPUSHIM_RETURN_IF_ERROR(CheckOpen());
+  TPUSHIM_RETURN_IF_ERROR(CheckDevice(device));
+  if (size == 0) {
+    return absl::InvalidArgumentError(
+        "Allocate: a device buffer must be at least 1 byte");
+  }
+  auto a = std::make_shared<Allocation>();
+  a->device = device;
+  a->size = size;
+  a->image_bytes = size;
+  a->unpadded = size;
+  return AllocateLive(std::move(a));
+}
+
+absl::StatusOr<DeviceBuffer> Engine::Allocate(int device,
+                                              const DeviceBufferSpec& spec) {
+  TPUSHIM_RETURN_IF_ERROR(CheckOpen());
+  TPUSHIM_RETURN_IF_ERROR(CheckDevice(device));
+  absl::StatusOr<Shape> parsed = ParseShape(spec.shape);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Allocate: ", parsed.status().message()));
+  }
+  if (parsed->is_tuple) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Allocate: ", spec.shape,
+        " is a tuple; each of its elements is a device buffer of its own, "
+        "allocate them one by one"));
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(ShapeSizes sizes, ComputeSizes(parsed->array));
+  if (sizes.padded_bytes == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "Allocate: ", ToString(parsed->array),
+        " has no elements; a device buffer must be at least 1 byte"));
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(RelayoutPlan plan,
+                           RelayoutPlan::Create(parsed->array));
+  auto shape = std::make_shared<BufferShape>(BufferShape{
+      .array = parsed->array,
+      .text = ToString(parsed->array),
+      .plan = std::move(plan),
+      .unpadded_bytes = sizes.unpadded_bytes,
+      .host_bytes = HostBytes(parsed->array),
+  });
+  auto a = std::make_shared<Allocation>();
+  a->device = device;
+  const uint64_t block = devices_[device]->info().block_bytes;
+  if (sizes.padded_bytes > UINT64_MAX - block) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Allocate: ", ToString(parsed->array),
+                     " is too large for ", devices_[device]->info().name));
+  }
+  a->size = (sizes.padded_bytes + block - 1) / block * block;
+  a->image_bytes = sizes.padded_bytes;
+  a->unpadded = sizes.unpadded_bytes;
+  a->shape = std::move(shape);
+  a->label = spec.label;
+  a->op_metadata = spec.op_metadata;
+  return AllocateLive(std::move(a));
+}
+
+absl::Status Engine::CheckDevice(int device) const {
   if (device < 0 || device >= device_count()) {
     return absl::InvalidArgumentError(
         absl::StrCat("Allocate: device ", device,
                      " does not exist (devices 0..", device_count() - 1, ")"));
   }
-  if (size == 0) {
-    return absl::InvalidArgumentError(
-        "Allocate: a device buffer must be at least 1 byte");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<DeviceBuffer> Engine::AllocateLive(
+    std::shared_ptr<Allocation> a) {
+  absl::StatusOr<uint64_t> address =
+      devices_[a->device]->AllocateMemory(a->size);
+  if (!address.ok()) {
+    if (!absl::IsResourceExhausted(address.status())) return address.status();
+    return absl::ResourceExhaustedError(
+        absl::StrCat(address.status().message(), "\n", HbmReport(*a)));
   }
-  TPUSHIM_ASSIGN_OR_RETURN(uint64_t address,
-                           devices_[device]->AllocateMemory(size));
-  auto a = std::make_shared<Allocation>();
   a->engine_serial = serial_;
-  a->device = device;
-  a->address = address;
-  a->size = size;
+  a->address = *address;
   {
     MutexLock lock(&mu_);
     if (!shutting_down_) {
+      a->serial = next_allocation_serial_++;
       live_.emplace(a.get(), a);
-      live_bytes_ += size;
+      live_bytes_ += a->size;
+      DeviceMemoryUse& use = memory_use_[a->device];
+      ++use.buffers;
+      use.padded_bytes += a->image_bytes;
+      use.unpadded_bytes += a->unpadded;
+      use.peak_padded_bytes = std::max(use.peak_padded_bytes, use.padded_bytes);
+      use.peak_unpadded_bytes =
+          std::max(use.peak_unpadded_bytes, use.unpadded_bytes);
       return DeviceBuffer(std::move(a));
     }
   }
-  (void)devices_[device]->FreeMemory(address);
+  (void)devices_[a->device]->FreeMemory(a->address);
   return CheckOpen();
+}
+
+std::string Engine::HbmReport(const Allocation& request) const {
+  const Device& dev = *devices_[request.device];
+  const uint64_t granule = std::max<uint64_t>(1, dev.GetMemoryStats().granule);
+  auto held = [granule](uint64_t n) {
+    return n + (granule - n % granule) % granule;
+  };
+  auto entry = [&](const Allocation& a, bool failed) {
+    HbmBuffer b;
+    b.padded_bytes = a.image_bytes;
+    b.unpadded_bytes = a.unpadded;
+    b.held_bytes = held(a.size);
+    if (a.shape != nullptr) b.shape = a.shape->array;
+    b.label = a.label;
+    b.op_metadata = a.op_metadata;
+    b.failed_request = failed;
+    return b;
+  };
+  std::vector<std::pair<uint64_t, const Allocation*>> live;
+  std::vector<HbmBuffer> buffers;
+  {
+    MutexLock lock(&mu_);
+    for (const auto& [ptr, a] : live_) {
+      if (a->device == request.device) live.emplace_back(a->serial, a.get());
+    }
+    std::sort(live.begin(), live.end());
+    buffers.reserve(live.size() + 1);
+    for (const auto& [serial, a] : live) buffers.push_back(entry(*a, false));
+  }
+  buffers.push_back(entry(request, true));
+  return FormatHbmReport(dev.info().hbm_bytes, buffers);
 }
 
 absl::StatusOr<std::shared_ptr<Allocation>> Engine::UseBuffer(
@@ -165,7 +273,13 @@ void Engine::FreeAllocation(const std::shared_ptr<Allocation>& a) {
   absl::Status s = devices_[a->device]->FreeMemory(a->address);
   if (!s.ok()) LOG(ERROR) << "Freeing a device buffer failed: " << s;
   MutexLock lock(&mu_);
-  if (live_.erase(a.get()) > 0) live_bytes_ -= a->size;
+  if (live_.erase(a.get()) > 0) {
+    live_bytes_ -= a->size;
+    DeviceMemoryUse& use = memory_use_[a->device];
+    --use.buffers;
+    use.padded_bytes -= a->image_bytes;
+    use.unpadded_bytes -= a->unpadded;
+  }
 }
 
 }  // namespace tpushim::transfer_internal

@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -64,14 +65,12 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
         if (c.status.ok() && chunk.length > config_.inline_copy_bytes) {
           Chunk* cp = &chunk;
           host_workers_[device]->Post([this, cp] {
-            std::memcpy(cp->op->dst + cp->offset, cp->staging, cp->length);
+            CopyOut(*cp->op, *cp);
             NextFromDevice(*cp->op, *cp, true);
           });
           continue;
         }
-        if (c.status.ok()) {
-          std::memcpy(op.dst + chunk.offset, chunk.staging, chunk.length);
-        }
+        if (c.status.ok()) CopyOut(op, chunk);
         NextFromDevice(op, chunk, c.status.ok());
         continue;
       }
@@ -88,8 +87,39 @@ void Engine::ChunkDone(Op& op, uint64_t n) {
   }
 }
 
+void Engine::PackRange(const Op& op, uint64_t offset, uint64_t n, char* dst) {
+  const uint64_t in_image =
+      offset >= op.image_bytes ? 0 : std::min(n, op.image_bytes - offset);
+  // Cannot fail: the range lies inside the image.
+  if (in_image > 0)
+    (void)op.relayout->Pack(op.dense_src, offset, in_image, dst);
+  if (in_image < n) std::memset(dst + in_image, 0, n - in_image);
+}
+
+void Engine::UnpackRange(const Op& op, const char* src, uint64_t offset,
+                         uint64_t n) {
+  const uint64_t in_image =
+      offset >= op.image_bytes ? 0 : std::min(n, op.image_bytes - offset);
+  if (in_image > 0) {
+    (void)op.relayout->Unpack(src, offset, in_image, op.dense_dst);
+  }
+}
+
+void Engine::CopyOut(Op& op, const Chunk& chunk) {
+  if (op.relayout != nullptr) {
+    UnpackRange(op, chunk.staging, chunk.offset, chunk.length);
+  } else {
+    std::memcpy(op.dst + chunk.offset, chunk.staging, chunk.length);
+  }
+}
+
 void Engine::CompleteOp(Op& op) {
   std::shared_ptr<Op> keep = std::move(op.self);
+  if (op.image != nullptr && op.kind == OpKind::kFromDevice &&
+      op.Error().ok()) {
+    UnpackRange(op, op.image.get(), 0, op.size);
+  }
+  op.image.reset();
   const absl::Status status = op.Error();
   Queue& q = QueueOf(op.device, op.direction);
   q.in_flight.fetch_sub(1, std::memory_order_relaxed);

@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <utility>
@@ -66,6 +67,29 @@ uint32_t Engine::LayOutPinned(Op& op) {
   return op.piece_count;
 }
 
+bool Engine::PrepareImage(Op& op) {
+  const uint64_t page = os_->PageSize();
+  const uint64_t bytes = (op.size + page - 1) / page * page;
+  op.image = std::unique_ptr<char, void (*)(char*)>(
+      static_cast<char*>(std::aligned_alloc(page, bytes)),
+      [](char* p) { std::free(p); });
+  if (op.image == nullptr) {
+    op.RecordError(absl::ResourceExhaustedError(absl::StrCat(
+        "an array transfer of ", op.buffer->shape->text,
+        " needs a host image of its ", HumanReadableBytes(op.size),
+        " device layout to pin (the premapped region is off or had no "
+        "staging room), and the heap has no room for it")));
+    return false;
+  }
+  if (op.kind == OpKind::kToDevice) {
+    PackRange(op, 0, op.size, op.image.get());
+    op.src = op.image.get();
+  } else {
+    op.dst = op.image.get();
+  }
+  return true;
+}
+
 void Engine::StartPinned(Op& op, int reason) {
   if (op.path == TransferPath::kStaged) op.path = TransferPath::kPinned;
   if (reason != 2) {
@@ -73,6 +97,10 @@ void Engine::StartPinned(Op& op, int reason) {
   }
   if (op.size == 0) {
     ChunkDone(op);
+    return;
+  }
+  if (op.relayout != nullptr && !PrepareImage(op)) {
+    ChunkDone(op);  // the starter's hold: the operation fails
     return;
   }
   WarnPinned(op, reason);

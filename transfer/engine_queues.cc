@@ -95,6 +95,53 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
   return op;
 }
 
+absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
+    OpKind kind, const DeviceBuffer& buffer, const void* host,
+    HostBufferSemantics semantics) {
+  const bool to_device = kind == OpKind::kToDevice;
+  const char* what =
+      to_device ? "TransferArrayToDevice" : "TransferArrayFromDevice";
+  TPUSHIM_RETURN_IF_ERROR(CheckOpen());
+  const std::shared_ptr<Allocation> peek = AllocationOf(buffer);
+  if (peek != nullptr && peek->shape == nullptr) {
+    // A byte buffer: its bytes are the array.
+    return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
+  }
+  const uint64_t image_bytes = peek != nullptr ? peek->size : 0;
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<Allocation> a,
+                           UseBuffer(buffer, 0, image_bytes, what));
+  const BufferShape& shape = *a->shape;
+  if (host == nullptr || reinterpret_cast<uintptr_t>(host) + shape.host_bytes <
+                             reinterpret_cast<uintptr_t>(host)) {
+    ReleaseBufferUse(a);
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the host array of ", shape.text, " (", shape.host_bytes,
+        " bytes) ",
+        host == nullptr ? "is null" : "wraps around the address space"));
+  }
+  auto op = std::make_shared<Op>();
+  op->kind = kind;
+  op->direction =
+      to_device ? DmaDirection::kHostToDevice : DmaDirection::kDeviceToHost;
+  op->device = a->device;
+  // Staged whatever the size: the copy through staging is the relayout.
+  // With the region off, the pinned path DMAs a heap image.
+  op->path = region_ == nullptr ? TransferPath::kPinned : TransferPath::kStaged;
+  op->pin_reason = region_ == nullptr ? 1 : 0;
+  op->relayout = &shape.plan;
+  op->image_bytes = a->image_bytes;
+  if (to_device) {
+    op->dense_src = static_cast<const char*>(host);
+  } else {
+    op->dense_dst = static_cast<char*>(const_cast<void*>(host));
+  }
+  op->size = a->size;
+  op->buffer = std::move(a);
+  op->semantics = semantics;
+  op->staging_chunk = std::min(chunk_bytes_[to_device ? 0 : 1], op->size);
+  return op;
+}
+
 absl::StatusOr<std::shared_ptr<Op>> Engine::NewDeviceToDeviceOp(
     const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
     uint64_t dst_offset, uint64_t size) {
@@ -261,6 +308,9 @@ std::string Engine::PathReason(const Op& op) const {
     case TransferPath::kZeroCopy:
       return "the host buffer is in the premapped region";
     case TransferPath::kStaged:
+      if (op.relayout != nullptr) {
+        return "an array transfer: the copy through staging lays it out";
+      }
       if (op.misaligned) {
         return absl::StrCat("the host buffer is not ",
                             devices_[op.device]->info().host_alignment,

@@ -191,7 +191,11 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
     }
     Chunk& c = op.chunks[i];
     c.staging = buf;
-    std::memcpy(buf, op.src + c.offset, c.length);
+    if (op.relayout != nullptr) {
+      PackRange(op, c.offset, c.length, buf);
+    } else {
+      std::memcpy(buf, op.src + c.offset, c.length);
+    }
     buf = nullptr;
     const uint64_t host_offset = reinterpret_cast<uintptr_t>(c.staging) -
                                  reinterpret_cast<uintptr_t>(region_->base());

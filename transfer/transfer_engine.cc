@@ -58,6 +58,10 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
       threshold_(region == nullptr ? 0 : region->allocator().threshold()),
       origin_ns_(os->MonotonicNanos()),
       pins_(os) {
+  {
+    MutexLock lock(&mu_);
+    memory_use_.resize(devices_.size());
+  }
   for (size_t i = 0; i < devices_.size(); ++i) {
     host_workers_.push_back(
         std::make_unique<HostWorker>(absl::StrCat("tpushim-host", i)));
@@ -267,6 +271,11 @@ TransferEngine::Stats Engine::GetStats() const {
   return s;
 }
 
+std::vector<DeviceMemoryUse> Engine::GetMemoryUse() const {
+  MutexLock lock(&mu_);
+  return memory_use_;
+}
+
 }  // namespace transfer_internal
 
 // ---- Public wrappers
@@ -280,6 +289,24 @@ uint64_t DeviceBuffer::size() const {
 }
 uint64_t DeviceBuffer::device_address() const {
   return allocation_ ? allocation_->address : 0;
+}
+std::string DeviceBuffer::shape() const {
+  return allocation_ && allocation_->shape ? allocation_->shape->text
+                                           : std::string();
+}
+uint64_t DeviceBuffer::unpadded_size() const {
+  return allocation_ ? allocation_->unpadded : 0;
+}
+uint64_t DeviceBuffer::host_size() const {
+  if (!allocation_) return 0;
+  return allocation_->shape ? allocation_->shape->host_bytes
+                            : allocation_->size;
+}
+std::string DeviceBuffer::label() const {
+  return allocation_ ? allocation_->label : std::string();
+}
+std::string DeviceBuffer::op_metadata() const {
+  return allocation_ ? allocation_->op_metadata : std::string();
 }
 
 TransferEngine::Config TransferEngine::Config::FromOptions(
@@ -367,6 +394,11 @@ TransferEngine::~TransferEngine() = default;
 
 int TransferEngine::device_count() const { return impl_->device_count(); }
 
+absl::StatusOr<DeviceBuffer> TransferEngine::Allocate(
+    int device, const DeviceBufferSpec& spec) {
+  return impl_->Allocate(device, spec);
+}
+
 absl::StatusOr<DeviceBuffer> TransferEngine::Allocate(int device,
                                                       uint64_t size) {
   return impl_->Allocate(device, size);
@@ -401,6 +433,28 @@ absl::StatusOr<Event> TransferEngine::TransferFromDevice(
   return impl_->Submit(std::move(op), wait_for);
 }
 
+absl::StatusOr<Event> TransferEngine::TransferArrayToDevice(
+    const void* src, const DeviceBuffer& dst, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<transfer_internal::Op> op,
+      impl_->NewArrayOp(transfer_internal::OpKind::kToDevice, dst, src,
+                        semantics));
+  return impl_->Submit(std::move(op), wait_for);
+}
+
+absl::StatusOr<Event> TransferEngine::TransferArrayFromDevice(
+    const DeviceBuffer& src, void* dst, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<transfer_internal::Op> op,
+      impl_->NewArrayOp(transfer_internal::OpKind::kFromDevice, src, dst,
+                        semantics));
+  return impl_->Submit(std::move(op), wait_for);
+}
+
 absl::StatusOr<Event> TransferEngine::TransferDeviceToDevice(
     const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
     uint64_t dst_offset, uint64_t size, absl::Span<const Event> wait_for) {
@@ -421,6 +475,10 @@ TransferPath TransferEngine::PathFor(const void* host, uint64_t size) const {
 
 TransferEngine::Stats TransferEngine::GetStats() const {
   return impl_->GetStats();
+}
+
+std::vector<DeviceMemoryUse> TransferEngine::GetMemoryUse() const {
+  return impl_->GetMemoryUse();
 }
 
 void TransferEngine::Shutdown() { impl_->Shutdown(); }

@@ -92,6 +92,15 @@
 
 namespace tpushim {
 
+// Device memory held by live device buffers, per device.
+struct DeviceMemoryUse {
+  uint64_t buffers = 0;
+  uint64_t padded_bytes = 0;
+  uint64_t unpadded_bytes = 0;
+  uint64_t peak_padded_bytes = 0;
+  uint64_t peak_unpadded_bytes = 0;
+};
+
 class TransferEngine {
  public:
   struct Config {
@@ -153,8 +162,14 @@ class TransferEngine {
   int device_count() const;
 
   // Allocates `size` (>= 1) bytes on `device`. RESOURCE_EXHAUSTED with
-  // XLA's text when it does not fit.
+  // XLA's text when it does not fit, followed by XLA's HBM report of the
+  // device's live buffers (device/hbm_report.h).
   absl::StatusOr<DeviceBuffer> Allocate(int device, uint64_t size);
+  // Allocates the array `spec.shape` (one array, not a tuple) in its
+  // layout: the padded size. INVALID_ARGUMENT (nothing allocated) for a
+  // malformed shape or a tuple; RESOURCE_EXHAUSTED as above.
+  absl::StatusOr<DeviceBuffer> Allocate(int device,
+                                        const DeviceBufferSpec& spec);
   // Frees `buffer` after `wait_for` and every operation submitted on it so
   // far. The returned event is ready when the memory is free (with the
   // first failed dependency's status, the memory is freed all the same).
@@ -173,6 +188,23 @@ class TransferEngine {
       absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // The whole array of a shaped buffer from the host's dense row-major
+  // copy (`dst.host_size()` bytes at `src`), laid out into the tiled image
+  // on the way, padding zero; and back. Staged through the premapped
+  // region whatever the size (the copy into or out of each staging chunk
+  // is the relayout); with the region off, or no staging room in time,
+  // through a heap image of the device bytes on the pinned path. On a
+  // byte buffer they move its whole size. The byte-range transfers above
+  // move device-image bytes as they are.
+  absl::StatusOr<Event> TransferArrayToDevice(
+      const void* src, const DeviceBuffer& dst,
+      absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::StatusOr<Event> TransferArrayFromDevice(
+      const DeviceBuffer& src, void* dst, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
   // Copies between device buffers, on the same device or two.
   absl::StatusOr<Event> TransferDeviceToDevice(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
@@ -184,6 +216,8 @@ class TransferEngine {
   TransferPath PathFor(const void* host, uint64_t size) const;
 
   Stats GetStats() const;
+  // Per device, in device order.
+  std::vector<DeviceMemoryUse> GetMemoryUse() const;
   void Shutdown();
 
  private:

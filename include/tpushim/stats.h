@@ -15,10 +15,10 @@
 namespace tpushim {
 
 struct PathStats {
-  uint64_t transfers = 0;      // completed, successfully or not
-  uint64_t bytes = 0;          // of successful transfers
+  uint64_t transfers = 0;  // completed, successfully or not
+  uint64_t bytes = 0;      // of successful transfers
   uint64_t failed = 0;
-  int64_t busy_ns = 0;         // summed submit-to-ready time
+  int64_t busy_ns = 0;  // summed submit-to-ready time
   // Summed start-to-ready time: without the wait for `wait_for` and for
   // earlier operations of the queue. bytes / active_ns is the mean rate of
   // one transfer once it runs (concurrent transfers each count their own
@@ -28,14 +28,14 @@ struct PathStats {
 struct QueueStats {
   int device = 0;
   DmaDirection direction = DmaDirection::kHostToDevice;
-  uint64_t submitted = 0;      // operations accepted
-  uint64_t completed = 0;      // ready with OK
-  uint64_t failed = 0;         // ready with an error (cancel excluded)
+  uint64_t submitted = 0;  // operations accepted
+  uint64_t completed = 0;  // ready with OK
+  uint64_t failed = 0;     // ready with an error (cancel excluded)
   uint64_t cancelled = 0;
-  uint64_t descriptors = 0;    // DMA descriptors completed
-  uint64_t ring_full = 0;      // descriptors that waited for ring room
-  uint64_t pending = 0;        // operations queued, not started
-  uint64_t in_flight = 0;      // operations started, not finished
+  uint64_t descriptors = 0;  // DMA descriptors completed
+  uint64_t ring_full = 0;    // descriptors that waited for ring room
+  uint64_t pending = 0;      // operations queued, not started
+  uint64_t in_flight = 0;    // operations started, not finished
 };
 struct TransferStats {
   // [direction h2d/d2h][path]
@@ -45,8 +45,8 @@ struct TransferStats {
   uint64_t staging_bytes_in_flight = 0;
   uint64_t peak_staging_bytes = 0;
   uint64_t max_staging_bytes = 0;
-  uint64_t staging_waits = 0;     // transfers that had to wait for room
-  int64_t staging_wait_ns = 0;    // total time they waited
+  uint64_t staging_waits = 0;   // transfers that had to wait for room
+  int64_t staging_wait_ns = 0;  // total time they waited
   // Why transfers were pinned.
   uint64_t pinned_over_threshold = 0;
   uint64_t pinned_region_off = 0;
@@ -58,24 +58,24 @@ struct TransferStats {
   // Device memory.
   uint64_t device_buffers_live = 0;
   uint64_t device_bytes_live = 0;
-  uint64_t events_pending = 0;    // operations not yet ready
+  uint64_t events_pending = 0;  // operations not yet ready
   uint64_t callbacks_run = 0;
   std::vector<QueueStats> queues;  // device-major, then direction
 };
 
 // The premapped region and its allocator.
 struct RegionStats {
-  bool enabled = false;          // TPU_PREMAPPED_BUFFER_SIZE > 0
+  bool enabled = false;  // TPU_PREMAPPED_BUFFER_SIZE > 0
   uint64_t capacity_bytes = 0;
   uint64_t threshold_bytes = 0;
-  uint64_t bytes_in_use = 0;     // pinned host buffers and staging
+  uint64_t bytes_in_use = 0;  // pinned host buffers and staging
   uint64_t peak_bytes_in_use = 0;
   uint64_t free_bytes = 0;
   uint64_t largest_free_block = 0;
-  double fragmentation = 0.0;    // 1 - largest free block / free bytes
+  double fragmentation = 0.0;  // 1 - largest free block / free bytes
   uint64_t allocations = 0;
   uint64_t frees = 0;
-  uint64_t failures = 0;         // RESOURCE_EXHAUSTED answers
+  uint64_t failures = 0;  // RESOURCE_EXHAUSTED answers
   uint64_t live_allocations = 0;
   // What backs the region, as the kernel reports it after premapping
   // (not what was asked for): "4k", "thp" or "hugetlb", the page size,
@@ -84,15 +84,15 @@ struct RegionStats {
   std::string page_kind;
   uint64_t page_bytes = 0;
   uint64_t huge_page_bytes = 0;
-  std::string page_kind_asked;   // what TPUSHIM_HUGEPAGES led to ask for
+  std::string page_kind_asked;  // what TPUSHIM_HUGEPAGES led to ask for
   // In words, as the start-up log says it: "transparent huge pages",
   // "4 KiB pages (transparent huge pages advised but not given)", ...
   std::string page_description;
-  int numa_node = 0;             // where its pages are
-  std::string numa_policy;       // "bind", "default", ... or "unknown"
+  int numa_node = 0;        // where its pages are
+  std::string numa_policy;  // "bind", "default", ... or "unknown"
   int prefault_threads = 0;
-  uint64_t locked_bytes = 0;     // bytes the kernel holds locked
-  bool locked = false;           // all of the region
+  uint64_t locked_bytes = 0;  // bytes the kernel holds locked
+  bool locked = false;        // all of the region
   absl::Duration startup_time;
 };
 
@@ -100,7 +100,18 @@ struct DeviceStats {
   int id = 0;
   std::string name;
   uint64_t hbm_bytes = 0;
-  uint64_t hbm_in_use = 0;
+  uint64_t hbm_in_use = 0;  // what the device's allocator holds
+  // Live device buffers: their sizes in their layouts (a byte buffer's
+  // size) and the bytes of their data, with the peaks of both since
+  // start-up. For byte buffers the two are equal.
+  uint64_t buffers_live = 0;
+  uint64_t padded_bytes_in_use = 0;
+  uint64_t unpadded_bytes_in_use = 0;
+  uint64_t peak_padded_bytes = 0;
+  uint64_t peak_unpadded_bytes = 0;
+  uint64_t hbm_free = 0;
+  uint64_t largest_free_block = 0;
+  double fragmentation = 0.0;  // 1 - largest free block / free bytes
 };
 
 struct SystemStats {

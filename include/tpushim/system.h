@@ -151,8 +151,16 @@ class TPUSHIM_EXPORT System {
   absl::StatusOr<PinnedHostBuffer> AllocatePinnedHost(uint64_t size,
                                                       size_t alignment = 64);
 
-  // Device memory (XLA's RESOURCE_EXHAUSTED text when it does not fit).
+  // Device memory. When it does not fit: RESOURCE_EXHAUSTED with XLA's
+  // text, then XLA's report of what holds the device's memory (its live
+  // buffers, largest first, with their shapes, padding and labels).
   absl::StatusOr<DeviceBuffer> AllocateDevice(int device, uint64_t size);
+  // A device buffer for one XLA array (docs/shapes.md): the device
+  // reserves its size in its tiled layout, padding included. A malformed
+  // shape or a tuple is INVALID_ARGUMENT naming what is wrong (the column
+  // of a parse error); nothing is allocated on any error.
+  absl::StatusOr<DeviceBuffer> AllocateDevice(int device,
+                                              const DeviceBufferSpec& spec);
   // Frees `buffer` once `wait_for` and every operation already submitted
   // on it are done.
   absl::StatusOr<Event> Deallocate(const DeviceBuffer& buffer,
@@ -167,6 +175,21 @@ class TPUSHIM_EXPORT System {
   absl::StatusOr<Event> TransferFromDevice(
       const DeviceBuffer& src, uint64_t src_offset, void* dst, uint64_t size,
       absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // The whole array of a shaped buffer, from or to the dense row-major
+  // array a host holds (DeviceBuffer::host_size() bytes at src / dst):
+  // laid out into the device's tiled layout on the way in (padding
+  // zero-filled) and back on the way out, in the copy through staging. The
+  // byte-range transfers above move the device layout's bytes as they are,
+  // for a caller that holds them already tiled.
+  absl::StatusOr<Event> TransferArrayToDevice(
+      const void* src, const DeviceBuffer& dst,
+      absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::StatusOr<Event> TransferArrayFromDevice(
+      const DeviceBuffer& src, void* dst, absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
   absl::StatusOr<Event> TransferDeviceToDevice(

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -45,7 +46,8 @@ enum class HostBufferSemantics {
   // returns at once; the engine may DMA straight from/to the buffer later.
   kImmutableUntilTransferCompletes,
 };
-TPUSHIM_EXPORT absl::string_view HostBufferSemanticsName(HostBufferSemantics semantics);
+TPUSHIM_EXPORT absl::string_view HostBufferSemanticsName(
+    HostBufferSemantics semantics);
 
 enum class TransferPath : int { kZeroCopy = 0, kStaged = 1, kPinned = 2 };
 inline constexpr int kTransferPathCount = 3;
@@ -101,6 +103,18 @@ class TPUSHIM_EXPORT Event {
   std::shared_ptr<transfer_internal::EventState> state_;
 };
 
+// What a shaped device buffer holds: one XLA array (docs/shapes.md).
+struct DeviceBufferSpec {
+  // XLA's shape string of one array, e.g. "f32[1024,1000]" or
+  // "bf16[8,128]{1,0:T(8,128)(2,1)}"; without a layout the TPU default.
+  std::string shape{};
+  // Its name in memory reports ("XLA label:") and the memory profile.
+  std::string label{};
+  // The operation that made it ("Operator:"), e.g.
+  // op_type="OneHot" op_name="model/loss/one_hot"; may be empty.
+  std::string op_metadata{};
+};
+
 // A device-memory buffer. Copies share one buffer; it is freed by
 // Deallocate (or when its system goes), not when the last copy goes.
 class TPUSHIM_EXPORT DeviceBuffer {
@@ -108,9 +122,23 @@ class TPUSHIM_EXPORT DeviceBuffer {
   DeviceBuffer() = default;  // refers to nothing; every call rejects it
 
   int device() const;
+  // Bytes of device memory it covers: for a shaped buffer, the array in
+  // its tiled layout, padding included (on a device that moves whole
+  // blocks, NVMe's, rounded up to a block; the rest reads as zero).
   uint64_t size() const;
   uint64_t device_address() const;
   bool valid() const { return allocation_ != nullptr; }
+
+  // Shaped buffers (empty / equal to size() for a byte buffer):
+  // the shape with the layout used, e.g. "f32[1024,1000]{1,0:T(8,128)}";
+  std::string shape() const;
+  // the bytes of its elements without padding;
+  uint64_t unpadded_size() const;
+  // the bytes of the dense row-major array a host holds;
+  uint64_t host_size() const;
+  // the caller's label and op metadata.
+  std::string label() const;
+  std::string op_metadata() const;
 
  private:
   friend class transfer_internal::Engine;
