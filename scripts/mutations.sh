@@ -36,7 +36,7 @@ mutations=(
   'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *StagingBackpressure* :: staging bytes in flight are bounded'
   'dependency-status :: transfer/engine_queues.cc :: if (!s.ok()) op->RecordError(s); :: (void)s; :: transfer_engine_test :: *FailedDependency* :: a failed dependency fails its dependants with its status'
   'callback-thread :: transfer/event.cc :: if (executor != nullptr) { :: if (false) { :: event_test :: *Callback* :: callbacks run on the callback thread, not the completing one'
-  'c-handle-generation :: driver/c_api.cc :: if (generation < slots_[slot].generation) { :: if (false) { :: c_api_conformance_test :: *Stale* :: a freed C handle is refused, never reused'
+  'c-handle-generation :: driver/c_api_support.h :: if (generation < slots_[slot].generation) { :: if (false) { :: c_api_conformance_test :: *Stale* :: a freed C handle is refused, never reused'
   'nvme-prp-list :: device/nvme/nvme_io.cc :: list[n++] = page; :: list[n++] = page + kPage; :: nvme_device_test :: *EveryByte* :: NVMe PRP lists name each page of a transfer'
   'nvme-mdts-split :: device/nvme/nvme_device.cc :: std::min<uint64_t>(kMaxCommandBytes, uint64_t{mps_min_bytes} << mdts); :: kMaxCommandBytes + 0 * mps_min_bytes; :: nvme_device_test :: *Mdts* :: NVMe commands are split at MDTS'
   'nvme-abort-waits :: device/nvme/nvme_io.cc :: WaitReady(false, "aborting commands that never completed"); :: absl::OkStatus(); :: nvme_device_test :: *NeverComplete* :: the abort waits for CSTS.RDY=0 before buffers are reused'

@@ -99,7 +99,7 @@ extern "C" {
 #endif
 
 #define TPUSHIM_API_MAJOR 1
-#define TPUSHIM_API_MINOR 2
+#define TPUSHIM_API_MINOR 3
 
 /* The size of `type` up to and including `last_field`: a struct's size at
  * the version whose last field that was. */
@@ -244,8 +244,8 @@ typedef struct TpuShim_StartupProgress {
  * at most about 20 times a second and once with every byte done, then
  * once with phase 1. `progress` is valid only during the call. It must
  * return quickly and not call into the library. */
-typedef void TpuShim_StartupProgress_Fn(
-    const TpuShim_StartupProgress* progress, void* user_data);
+typedef void TpuShim_StartupProgress_Fn(const TpuShim_StartupProgress* progress,
+                                        void* user_data);
 
 typedef struct TpuShim_System_Create_Args {
   size_t struct_size;
@@ -620,6 +620,104 @@ typedef struct TpuShim_Event_Destroy_Args {
 typedef TpuShim_Error* TpuShim_Event_Destroy_Fn(
     TpuShim_Event_Destroy_Args* args);
 
+/* ---- Shaped device memory (1.3; TPUSHIM_API_HAS before calling) */
+/*
+ * A shaped device buffer holds one XLA array (docs/shapes.md): the device
+ * reserves its size in its tiled layout, padding included; running out of
+ * device memory adds XLA's report of what holds it to the
+ * RESOURCE_EXHAUSTED message. Transfer_Array* move the whole array between
+ * the dense row-major copy a host holds and the tiled layout on the
+ * device; Transfer_ToDevice / Transfer_FromDevice move the device layout's
+ * bytes as they are.
+ */
+
+/* Allocates the array `shape` on `device`.
+ *
+ * Errors: INVALID_ARGUMENT for a bad device, a NULL or malformed shape
+ * (the message names the column), a tuple or an empty array;
+ * RESOURCE_EXHAUSTED as for DeviceBuffer_Allocate, with the report.
+ * Nothing is allocated on any error. */
+typedef struct TpuShim_DeviceBuffer_AllocateShaped_Args {
+  size_t struct_size;
+  TpuShim_System system; /* in */
+  int device;            /* in: [0, device count) */
+  /* in: XLA's shape string of one array, NUL-terminated, e.g.
+   * "f32[1024,1000]" (TPU's default layout) or "f32[8,128]{1,0:T(8,128)}" */
+  const char* shape;
+  const char* label;       /* in: its name in reports; may be NULL */
+  const char* op_metadata; /* in: "Operator:" in reports; may be NULL */
+  /* in: may be NULL; receives the shape with the layout used,
+   * NUL-terminated, cut to layout_capacity - 1 characters */
+  char* layout;
+  size_t layout_capacity;      /* in: bytes at `layout` */
+  size_t layout_length;        /* out: length of the whole string */
+  TpuShim_DeviceBuffer buffer; /* out: free with DeviceBuffer_Deallocate */
+  uint64_t size;               /* out: device bytes, padding included */
+  uint64_t unpadded_bytes;     /* out: the elements' bytes */
+  uint64_t host_bytes;         /* out: the dense host array's bytes */
+} TpuShim_DeviceBuffer_AllocateShaped_Args;
+#define TPUSHIM_DEVICEBUFFER_ALLOCATESHAPED_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_DeviceBuffer_AllocateShaped_Args, host_bytes)
+typedef TpuShim_Error* TpuShim_DeviceBuffer_AllocateShaped_Fn(
+    TpuShim_DeviceBuffer_AllocateShaped_Args* args);
+
+/* Copies the whole array from the host's dense copy (`host_bytes` of the
+ * buffer at `src`) into the device's layout, padding zero. On a byte
+ * buffer, its whole size. Errors as for Transfer_ToDevice. */
+typedef struct TpuShim_Transfer_ArrayToDevice_Args {
+  size_t struct_size;
+  TpuShim_System system;         /* in */
+  const void* src;               /* in: the dense host array */
+  TpuShim_DeviceBuffer dst;      /* in */
+  const TpuShim_Event* wait_for; /* in: may be NULL when num_wait_for is 0 */
+  size_t num_wait_for;           /* in */
+  int32_t semantics;             /* in: a TpuShim_HostBufferSemantics value */
+  TpuShim_Event event;           /* out: destroy with Event_Destroy */
+} TpuShim_Transfer_ArrayToDevice_Args;
+#define TPUSHIM_TRANSFER_ARRAYTODEVICE_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_Transfer_ArrayToDevice_Args, event)
+typedef TpuShim_Error* TpuShim_Transfer_ArrayToDevice_Fn(
+    TpuShim_Transfer_ArrayToDevice_Args* args);
+
+/* The inverse: the whole array into the host's dense copy at `dst`. */
+typedef struct TpuShim_Transfer_ArrayFromDevice_Args {
+  size_t struct_size;
+  TpuShim_System system;         /* in */
+  TpuShim_DeviceBuffer src;      /* in */
+  void* dst;                     /* in: the dense host array */
+  const TpuShim_Event* wait_for; /* in: may be NULL when num_wait_for is 0 */
+  size_t num_wait_for;           /* in */
+  int32_t semantics;             /* in: a TpuShim_HostBufferSemantics value */
+  TpuShim_Event event;           /* out: destroy with Event_Destroy */
+} TpuShim_Transfer_ArrayFromDevice_Args;
+#define TPUSHIM_TRANSFER_ARRAYFROMDEVICE_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_Transfer_ArrayFromDevice_Args, event)
+typedef TpuShim_Error* TpuShim_Transfer_ArrayFromDevice_Fn(
+    TpuShim_Transfer_ArrayFromDevice_Args* args);
+
+/* One device's memory now. Padded bytes are the live buffers' sizes in
+ * their layouts (a byte buffer's size), unpadded the bytes of their data;
+ * peaks since the system was created. INVALID_ARGUMENT for a bad device. */
+typedef struct TpuShim_System_GetDeviceMemoryStats_Args {
+  size_t struct_size;
+  TpuShim_System system;       /* in */
+  int device;                  /* in */
+  uint64_t hbm_bytes;          /* out: capacity */
+  uint64_t hbm_in_use;         /* out: what the device's allocator holds */
+  uint64_t hbm_free;           /* out */
+  uint64_t largest_free_block; /* out */
+  uint64_t buffers_live;       /* out */
+  uint64_t padded_bytes_in_use;
+  uint64_t unpadded_bytes_in_use;
+  uint64_t peak_padded_bytes;
+  uint64_t peak_unpadded_bytes;
+} TpuShim_System_GetDeviceMemoryStats_Args;
+#define TPUSHIM_SYSTEM_GETDEVICEMEMORYSTATS_ARGS_STRUCT_SIZE    \
+  TPUSHIM_STRUCT_SIZE(TpuShim_System_GetDeviceMemoryStats_Args, \
+                      peak_unpadded_bytes)
+typedef TpuShim_Error* TpuShim_System_GetDeviceMemoryStats_Fn(
+    TpuShim_System_GetDeviceMemoryStats_Args* args);
+
 /* ---- The table */
 
 #define TPUSHIM_API_FN(name) TpuShim_##name##_Fn* name
@@ -654,10 +752,18 @@ typedef struct TpuShim_Api {
   TPUSHIM_API_FN(Event_AwaitWithTimeout);
   TPUSHIM_API_FN(Event_AddCallback);
   TPUSHIM_API_FN(Event_Destroy);
+
+  /* 1.3 */
+  TPUSHIM_API_FN(DeviceBuffer_AllocateShaped);
+  TPUSHIM_API_FN(Transfer_ArrayToDevice);
+  TPUSHIM_API_FN(Transfer_ArrayFromDevice);
+  TPUSHIM_API_FN(System_GetDeviceMemoryStats);
 } TpuShim_Api;
 
 #undef TPUSHIM_API_FN
 
+/* The 1.0 size of the table; the library's struct_size covers every
+ * function it provides (sizeof(TpuShim_Api) of its own header). */
 #define TPUSHIM_API_STRUCT_SIZE TPUSHIM_STRUCT_SIZE(TpuShim_Api, Event_Destroy)
 
 /* Whether `api` (a table from TpuShim_GetApi) provides function `name`:

@@ -816,6 +816,79 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
                      if (!o.result.ok()) DestroyEvent(e);
                      return o;
                    }});
+  if (!TPUSHIM_API_HAS(api_, System_GetDeviceMemoryStats)) return calls;
+  // 1.3: shaped device memory.
+  calls.push_back({"DeviceBuffer_AllocateShaped",
+                   TPUSHIM_DEVICEBUFFER_ALLOCATESHAPED_ARGS_STRUCT_SIZE,
+                   sizeof(TpuShim_DeviceBuffer_AllocateShaped_Args),
+                   [this, s](size_t size, bool null_args) {
+                     TpuShim_DeviceBuffer_AllocateShaped_Args a{};
+                     a.system = s;
+                     a.device = LastDevice();
+                     a.shape = "f32[8,128]";
+                     TpuShim_DeviceBuffer_AllocateShaped_Args out{};
+                     Outcome o = Invoke(api_->DeviceBuffer_AllocateShaped, a,
+                                        size, null_args, &out);
+                     if (o.result.ok()) {
+                       EXPECT_EQ(out.size, 4096u);
+                       EXPECT_TRUE(Deallocate(s, out.buffer).ok());
+                     }
+                     return o;
+                   }});
+  calls.push_back({"Transfer_ArrayToDevice",
+                   TPUSHIM_TRANSFER_ARRAYTODEVICE_ARGS_STRUCT_SIZE,
+                   sizeof(TpuShim_Transfer_ArrayToDevice_Args),
+                   [this, s, dev, ready](size_t size, bool null_args) {
+                     TpuShim_Transfer_ArrayToDevice_Args a{};
+                     a.system = s;
+                     a.src = host.data();
+                     a.dst = dev;
+                     a.wait_for = &ready;
+                     a.num_wait_for = 1;
+                     TpuShim_Transfer_ArrayToDevice_Args out{};
+                     Outcome o = Invoke(api_->Transfer_ArrayToDevice, a, size,
+                                        null_args, &out);
+                     if (o.result.ok()) {
+                       EXPECT_TRUE(Await(out.event).ok());
+                       EXPECT_TRUE(DestroyEvent(out.event).ok());
+                     }
+                     return o;
+                   }});
+  calls.push_back({"Transfer_ArrayFromDevice",
+                   TPUSHIM_TRANSFER_ARRAYFROMDEVICE_ARGS_STRUCT_SIZE,
+                   sizeof(TpuShim_Transfer_ArrayFromDevice_Args),
+                   [this, s, dev, ready](size_t size, bool null_args) {
+                     std::vector<char> back(64 * kKiB);
+                     TpuShim_Transfer_ArrayFromDevice_Args a{};
+                     a.system = s;
+                     a.src = dev;
+                     a.dst = back.data();
+                     a.wait_for = &ready;
+                     a.num_wait_for = 1;
+                     TpuShim_Transfer_ArrayFromDevice_Args out{};
+                     Outcome o = Invoke(api_->Transfer_ArrayFromDevice, a, size,
+                                        null_args, &out);
+                     if (o.result.ok()) {
+                       EXPECT_TRUE(Await(out.event).ok());
+                       EXPECT_TRUE(DestroyEvent(out.event).ok());
+                     }
+                     return o;
+                   }});
+  calls.push_back({"System_GetDeviceMemoryStats",
+                   TPUSHIM_SYSTEM_GETDEVICEMEMORYSTATS_ARGS_STRUCT_SIZE,
+                   sizeof(TpuShim_System_GetDeviceMemoryStats_Args),
+                   [this, s](size_t size, bool null_args) {
+                     TpuShim_System_GetDeviceMemoryStats_Args a{};
+                     a.system = s;
+                     TpuShim_System_GetDeviceMemoryStats_Args out{};
+                     Outcome o = Invoke(api_->System_GetDeviceMemoryStats, a,
+                                        size, null_args, &out);
+                     if (o.result.ok()) {
+                       EXPECT_GE(out.buffers_live, 1u);
+                       EXPECT_GE(out.padded_bytes_in_use, 64 * kKiB);
+                     }
+                     return o;
+                   }});
   return calls;
 }
 
@@ -847,7 +920,129 @@ TEST_P(CApiConformanceTest, TableHasVersionFieldsAndEveryFunction) {
   TPUSHIM_EXPECT_HAS(Event_AwaitWithTimeout);
   TPUSHIM_EXPECT_HAS(Event_AddCallback);
   TPUSHIM_EXPECT_HAS(Event_Destroy);
+  if (api_->api_minor >= 3) {
+    TPUSHIM_EXPECT_HAS(DeviceBuffer_AllocateShaped);
+    TPUSHIM_EXPECT_HAS(Transfer_ArrayToDevice);
+    TPUSHIM_EXPECT_HAS(Transfer_ArrayFromDevice);
+    TPUSHIM_EXPECT_HAS(System_GetDeviceMemoryStats);
+  }
 #undef TPUSHIM_EXPECT_HAS
+}
+
+// ---- Shaped device memory (1.3)
+// -------------------------------------------------
+
+TEST_P(CApiConformanceTest, ShapedBuffersRoundTripAndCountPadding) {
+  if (!TPUSHIM_API_HAS(api_, DeviceBuffer_AllocateShaped)) {
+    GTEST_SKIP() << "a library before 1.3 has no shaped buffers";
+  }
+  const TpuShim_System s = NewSystem();
+  char layout[8];
+  TpuShim_DeviceBuffer_AllocateShaped_Args a{};
+  a.struct_size = TPUSHIM_DEVICEBUFFER_ALLOCATESHAPED_ARGS_STRUCT_SIZE;
+  a.system = s;
+  a.shape = "s32[100,10]";
+  a.label = "one_hot";
+  a.layout = layout;
+  a.layout_capacity = sizeof layout;
+  ASSERT_TRUE(Take(api_->DeviceBuffer_AllocateShaped(&a)).ok());
+  // 100 x 10 padded to 104 x 128 by T(8,128).
+  EXPECT_GE(a.size, 104u * 128 * 4);
+  EXPECT_EQ(a.unpadded_bytes, 100u * 10 * 4);
+  EXPECT_EQ(a.host_bytes, 100u * 10 * 4);
+  EXPECT_EQ(a.layout_length, std::strlen("s32[100,10]{1,0:T(8,128)}"));
+  EXPECT_STREQ(layout, "s32[100");  // cut to the capacity, NUL-terminated
+
+  std::vector<int32_t> host(1000), back(1000, -1);
+  for (int i = 0; i < 1000; ++i) host[i] = i * 7 - 3000;
+  TpuShim_Transfer_ArrayToDevice_Args up{};
+  up.struct_size = TPUSHIM_TRANSFER_ARRAYTODEVICE_ARGS_STRUCT_SIZE;
+  up.system = s;
+  up.src = host.data();
+  up.dst = a.buffer;
+  ASSERT_TRUE(Take(api_->Transfer_ArrayToDevice(&up)).ok());
+  TpuShim_Transfer_ArrayFromDevice_Args down{};
+  down.struct_size = TPUSHIM_TRANSFER_ARRAYFROMDEVICE_ARGS_STRUCT_SIZE;
+  down.system = s;
+  down.src = a.buffer;
+  down.dst = back.data();
+  down.wait_for = &up.event;
+  down.num_wait_for = 1;
+  ASSERT_TRUE(Take(api_->Transfer_ArrayFromDevice(&down)).ok());
+  EXPECT_TRUE(Await(down.event).ok());
+  EXPECT_EQ(back, host);
+  // The device holds the tiled image: row 1 starts 128 elements in.
+  std::vector<int32_t> image(a.size / 4, -1);
+  TpuShim_Transfer_FromDevice_Args bytes{};
+  bytes.struct_size = TPUSHIM_TRANSFER_FROMDEVICE_ARGS_STRUCT_SIZE;
+  bytes.system = s;
+  bytes.src = a.buffer;
+  bytes.dst = image.data();
+  bytes.size = a.size;
+  ASSERT_TRUE(Take(api_->Transfer_FromDevice(&bytes)).ok());
+  EXPECT_TRUE(Await(bytes.event).ok());
+  EXPECT_EQ(image[128], host[10]);
+  EXPECT_EQ(image[10], 0);  // padding
+  for (TpuShim_Event e : {up.event, down.event, bytes.event}) {
+    EXPECT_TRUE(DestroyEvent(e).ok());
+  }
+
+  TpuShim_System_GetDeviceMemoryStats_Args m{};
+  m.struct_size = TPUSHIM_SYSTEM_GETDEVICEMEMORYSTATS_ARGS_STRUCT_SIZE;
+  m.system = s;
+  ASSERT_TRUE(Take(api_->System_GetDeviceMemoryStats(&m)).ok());
+  EXPECT_EQ(m.buffers_live, 1u);
+  EXPECT_EQ(m.padded_bytes_in_use, 104u * 128 * 4);
+  EXPECT_EQ(m.unpadded_bytes_in_use, 100u * 10 * 4);
+  EXPECT_EQ(m.peak_padded_bytes, 104u * 128 * 4);
+  EXPECT_GE(m.hbm_in_use, m.padded_bytes_in_use);
+  EXPECT_EQ(m.hbm_in_use + m.hbm_free, m.hbm_bytes);
+  EXPECT_TRUE(Deallocate(s, a.buffer).ok());
+  m.device = TestDeviceCount();
+  const Result bad = Take(api_->System_GetDeviceMemoryStats(&m));
+  EXPECT_EQ(bad.code, TPUSHIM_CODE_INVALID_ARGUMENT);
+  EXPECT_THAT(bad.message, HasSubstr("does not exist"));
+}
+
+TEST_P(CApiConformanceTest, ShapedAllocationErrorsNameTheirCause) {
+  if (!TPUSHIM_API_HAS(api_, DeviceBuffer_AllocateShaped)) {
+    GTEST_SKIP() << "a library before 1.3 has no shaped buffers";
+  }
+  const TpuShim_System s = NewSystem();
+  TpuShim_DeviceBuffer_AllocateShaped_Args a{};
+  a.struct_size = TPUSHIM_DEVICEBUFFER_ALLOCATESHAPED_ARGS_STRUCT_SIZE;
+  a.system = s;
+  Result r = Take(api_->DeviceBuffer_AllocateShaped(&a));
+  EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT);
+  EXPECT_THAT(r.message, HasSubstr("args->shape is NULL"));
+  a.shape = "f32[128,256";
+  r = Take(api_->DeviceBuffer_AllocateShaped(&a));
+  EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT);
+  EXPECT_THAT(r.message,
+              HasSubstr("f32[128,256: expected ',' or ']' at column 12"));
+  // Far more than any test device holds: XLA's line, then its report.
+  a.shape = "s32[29360128,10]";
+  a.label = "one_hot";
+  a.op_metadata = "op_type=\"OneHot\"";
+  r = Take(api_->DeviceBuffer_AllocateShaped(&a));
+  EXPECT_EQ(r.code, TPUSHIM_CODE_RESOURCE_EXHAUSTED);
+  EXPECT_THAT(r.message, StartsWith("Error allocating device buffer: "
+                                    "Attempting to allocate 14.00G."));
+  EXPECT_THAT(r.message, HasSubstr("\nRan out of memory in memory space hbm."));
+  EXPECT_THAT(r.message,
+              HasSubstr("     Operator: op_type=\"OneHot\"\n"
+                        "     Shape: s32[29360128,10]{1,0:T(8,128)}\n"
+                        "     Unpadded size: 1.09G\n"
+                        "     Extra memory due to padding: 12.91G "
+                        "(12.8x expansion)\n"
+                        "     XLA label: one_hot\n"
+                        "     Allocation type: failed request\n"));
+  TpuShim_System_GetDeviceMemoryStats_Args m{};
+  m.struct_size = TPUSHIM_SYSTEM_GETDEVICEMEMORYSTATS_ARGS_STRUCT_SIZE;
+  m.system = s;
+  ASSERT_TRUE(Take(api_->System_GetDeviceMemoryStats(&m)).ok());
+  EXPECT_EQ(m.buffers_live, 0u);
+  EXPECT_EQ(m.hbm_in_use, 0u);
 }
 
 TEST_P(CApiConformanceTest, ErrorAccessorsTakeNullAsOk) {

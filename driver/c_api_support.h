@@ -1,0 +1,414 @@
+// What the C ABI's functions share (driver/c_api.cc, driver/c_api_shaped.cc):
+// the error type, the call guard, the args check, the handle tables and
+// the running-call hold on a system. Internal to the driver; the design is
+// described at the top of driver/c_api.cc.
+
+#ifndef TPUSHIM_DRIVER_C_API_SUPPORT_H_
+#define TPUSHIM_DRIVER_C_API_SUPPORT_H_
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <new>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/functional/function_ref.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/string_view.h"
+#include "common/mutex.h"
+#include "common/status_macros.h"
+#include "env/os.h"
+#include "tpushim/c_api.h"
+#include "tpushim/system.h"
+
+struct TpuShim_Error {
+  absl::Status status;
+  std::string message;  // status.message(), NUL-terminated
+};
+
+namespace tpushim::capi_internal {
+
+// ---- Errors -----------------------------------------------------------------
+
+inline TpuShim_Error* NewError(absl::Status status) {
+  std::string message(status.message());
+  return new TpuShim_Error{std::move(status), std::move(message)};
+}
+
+// Returned when an error cannot be allocated; never freed.
+inline TpuShim_Error* const kOutOfMemoryError =
+    NewError(absl::ResourceExhaustedError(
+        "tpushim C API: out of host memory (operator new failed)"));
+
+inline TpuShim_Error* ToError(absl::Status status) noexcept {
+  if (status.ok()) return nullptr;
+  try {
+    return NewError(std::move(status));
+  } catch (...) {
+    return kOutOfMemoryError;
+  }
+}
+
+// Runs one API call: no exception crosses into C.
+template <typename F>
+inline TpuShim_Error* Guard(F&& f) noexcept {
+  absl::Status status;
+  try {
+    status = f();
+  } catch (const std::bad_alloc&) {
+    return kOutOfMemoryError;
+  } catch (const std::exception& e) {
+    status = absl::InternalError(
+        absl::StrCat("tpushim C API: unexpected exception: ", e.what()));
+  } catch (...) {
+    status = absl::InternalError("tpushim C API: unexpected exception");
+  }
+  return ToError(std::move(status));
+}
+
+// The args pointer and its struct_size (see "Versioning" above).
+template <typename Args>
+inline absl::Status CheckArgs(const Args* args, absl::string_view function,
+                              size_t v1_size, absl::string_view size_macro) {
+  if (args == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": the args pointer is NULL"));
+  }
+  if (args->struct_size < v1_size) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        function, ": args->struct_size is ", args->struct_size,
+        ", smaller than the API 1.0 size ", v1_size, " (", size_macro, ")"));
+  }
+  return absl::OkStatus();
+}
+
+#define TPUSHIM_CHECK_ARGS(args, function, size_macro) \
+  TPUSHIM_RETURN_IF_ERROR(CheckArgs(args, function, size_macro, #size_macro))
+
+// ---- Handle tables ----------------------------------------------------------
+
+enum class Kind : uint8_t {
+  kSystem = 'S',
+  kHostBuffer = 'H',
+  kDeviceBuffer = 'D',
+  kEvent = 'E',
+};
+
+inline absl::string_view KindName(uint64_t tag) {
+  switch (static_cast<Kind>(tag)) {
+    case Kind::kSystem:
+      return "TpuShim_System";
+    case Kind::kHostBuffer:
+      return "TpuShim_HostBuffer";
+    case Kind::kDeviceBuffer:
+      return "TpuShim_DeviceBuffer";
+    case Kind::kEvent:
+      return "TpuShim_Event";
+  }
+  return "";
+}
+
+inline constexpr int kKindShift = 56;
+inline constexpr int kSlotShift = 32;
+inline constexpr uint64_t kSlotMask =
+    (uint64_t{1} << (kKindShift - kSlotShift)) - 1;
+inline constexpr uint64_t kGenerationMask = (uint64_t{1} << kSlotShift) - 1;
+
+inline absl::Status InvalidHandle(Kind kind, uint64_t id,
+                                  absl::string_view why) {
+  return absl::InvalidArgumentError(
+      absl::StrFormat("Invalid %s handle 0x%016x: %s",
+                      KindName(static_cast<uint64_t>(kind)), id, why));
+}
+
+// Live entries of one kind, by id. T is a copyable value (a shared handle).
+template <typename T>
+class HandleTable {
+ public:
+  explicit HandleTable(Kind kind) : kind_(kind) {}
+  HandleTable(const HandleTable&) = delete;
+  HandleTable& operator=(const HandleTable&) = delete;
+
+  // A new id for `value`. RESOURCE_EXHAUSTED when 2^24 are live.
+  absl::StatusOr<uint64_t> Insert(T value) {
+    MutexLock lock(&mu_);
+    uint64_t slot;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else if (slots_.size() <= kSlotMask) {
+      slot = slots_.size();
+      slots_.emplace_back();
+    } else {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("tpushim C API: ", kSlotMask + 1, " ",
+                       KindName(static_cast<uint64_t>(kind_)),
+                       " handles are live; destroy some first"));
+    }
+    Slot& s = slots_[slot];
+    s.value = std::move(value);
+    return (static_cast<uint64_t>(kind_) << kKindShift) | (slot << kSlotShift) |
+           s.generation;
+  }
+
+  // A copy of the entry of `id`.
+  absl::StatusOr<T> Get(uint64_t id) const {
+    MutexLock lock(&mu_);
+    TPUSHIM_ASSIGN_OR_RETURN(const Slot* s, Find(id));
+    return *s->value;
+  }
+
+  // Removes the entry of `id` and returns it, if `check(entry)` is OK;
+  // otherwise returns check's error and leaves the entry.
+  absl::StatusOr<T> Take(uint64_t id,
+                         absl::FunctionRef<absl::Status(const T&)> check) {
+    MutexLock lock(&mu_);
+    TPUSHIM_ASSIGN_OR_RETURN(const Slot* found, Find(id));
+    TPUSHIM_RETURN_IF_ERROR(check(*found->value));
+    Slot& s = slots_[(id >> kSlotShift) & kSlotMask];
+    T value = *std::move(s.value);
+    Free(s, (id >> kSlotShift) & kSlotMask);
+    return value;
+  }
+
+  // Removes and returns every entry `pred` accepts.
+  std::vector<T> TakeAll(absl::FunctionRef<bool(const T&)> pred) {
+    std::vector<T> taken;
+    MutexLock lock(&mu_);
+    for (uint64_t i = 0; i < slots_.size(); ++i) {
+      Slot& s = slots_[i];
+      if (s.value.has_value() && pred(*s.value)) {
+        taken.push_back(*std::move(s.value));
+        Free(s, i);
+      }
+    }
+    return taken;
+  }
+
+ private:
+  struct Slot {
+    uint32_t generation = 1;
+    std::optional<T> value;
+  };
+
+  absl::StatusOr<const Slot*> Find(uint64_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (id == 0) return InvalidHandle(kind_, id, "no handle (id 0)");
+    const uint64_t tag = id >> kKindShift;
+    if (tag != static_cast<uint64_t>(kind_)) {
+      const absl::string_view other = KindName(tag);
+      return InvalidHandle(kind_, id,
+                           other.empty()
+                               ? "not an id this library issued"
+                               : absl::StrCat("it is a ", other, " handle"));
+    }
+    const uint64_t slot = (id >> kSlotShift) & kSlotMask;
+    const uint64_t generation = id & kGenerationMask;
+    if (slot >= slots_.size() || generation == 0 ||
+        generation > slots_[slot].generation ||
+        (generation == slots_[slot].generation &&
+         !slots_[slot].value.has_value())) {
+      return InvalidHandle(kind_, id, "not an id this library issued");
+    }
+    if (generation < slots_[slot].generation) {
+      return InvalidHandle(kind_, id,
+                           "stale (already freed or destroyed, or its "
+                           "system was destroyed)");
+    }
+    return &slots_[slot];
+  }
+
+  void Free(Slot& s, uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    s.value.reset();
+    // Generation 0 is never issued; after 2^32 - 1 reuses, wrap to 1.
+    s.generation = s.generation == kGenerationMask ? 1 : s.generation + 1;
+    free_.push_back(slot);
+  }
+
+  // Constant after construction.
+  const Kind kind_;
+  // Protected by mu_.
+  mutable Mutex mu_;
+  std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
+  std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
+};
+
+// A system and the calls running on it.
+struct SystemEntry {
+  explicit SystemEntry(std::unique_ptr<System> s) : system(std::move(s)) {}
+
+  // Constant until System_Destroy, which resets it once no call runs.
+  std::unique_ptr<System> system;
+
+  Mutex mu;
+  CondVar idle;
+  int active ABSL_GUARDED_BY(mu) = 0;
+  bool closing ABSL_GUARDED_BY(mu) = false;
+};
+
+struct HostBufferEntry {
+  uint64_t system_id = 0;
+  PinnedHostBuffer buffer;
+};
+
+struct DeviceBufferEntry {
+  uint64_t system_id = 0;
+  DeviceBuffer buffer;
+};
+
+struct EventEntry {
+  uint64_t system_id = 0;
+  Event event;
+};
+
+struct Tables {
+  HandleTable<std::shared_ptr<SystemEntry>> systems{Kind::kSystem};
+  HandleTable<std::shared_ptr<HostBufferEntry>> host_buffers{Kind::kHostBuffer};
+  HandleTable<DeviceBufferEntry> device_buffers{Kind::kDeviceBuffer};
+  HandleTable<EventEntry> events{Kind::kEvent};
+};
+
+// Never destroyed: callbacks and other threads may use the tables while the
+// process exits.
+inline Tables& tables() {
+  static Tables* const t = new Tables;
+  return *t;
+}
+
+inline std::atomic<Os*> test_os{nullptr};
+
+// Set while a C callback runs on a system's callback thread: that system's
+// id (System_Destroy refuses it there).
+inline thread_local uint64_t tls_callback_system = 0;
+// Set while Event_AddCallback runs on this thread: a callback that runs
+// then runs inline (the event was ready), not on a callback thread.
+inline thread_local int tls_adding_callback = 0;
+
+// A running call on a system: holds the system open (System_Destroy waits
+// for it).
+class SystemCall {
+ public:
+  static absl::StatusOr<SystemCall> Enter(TpuShim_System handle) {
+    TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<SystemEntry> entry,
+                             tables().systems.Get(handle.id));
+    {
+      MutexLock lock(&entry->mu);
+      if (entry->closing) {
+        return InvalidHandle(Kind::kSystem, handle.id,
+                             "stale (the system is being destroyed)");
+      }
+      ++entry->active;
+    }
+    return SystemCall(std::move(entry), handle.id);
+  }
+
+  SystemCall(SystemCall&& other) noexcept
+      : entry_(std::move(other.entry_)), id_(other.id_) {}
+  SystemCall& operator=(SystemCall&&) = delete;
+  ~SystemCall() {
+    if (entry_ == nullptr) return;
+    MutexLock lock(&entry_->mu);
+    if (--entry_->active == 0) entry_->idle.SignalAll();
+  }
+
+  System& system() const { return *entry_->system; }
+  // The system's handle id.
+  uint64_t id() const { return id_; }
+
+ private:
+  SystemCall(std::shared_ptr<SystemEntry> entry, uint64_t id)
+      : entry_(std::move(entry)), id_(id) {}
+  std::shared_ptr<SystemEntry> entry_;
+  uint64_t id_;
+};
+
+inline absl::Status Foreign(Kind kind, uint64_t id) {
+  return InvalidHandle(kind, id, "it belongs to another TpuShim_System");
+}
+
+inline absl::StatusOr<DeviceBuffer> GetDeviceBuffer(
+    const SystemCall& call, TpuShim_DeviceBuffer handle) {
+  TPUSHIM_ASSIGN_OR_RETURN(DeviceBufferEntry entry,
+                           tables().device_buffers.Get(handle.id));
+  if (entry.system_id != call.id()) {
+    return Foreign(Kind::kDeviceBuffer, handle.id);
+  }
+  return std::move(entry.buffer);
+}
+
+// The events of a wait_for list, all of the call's system.
+inline absl::StatusOr<std::vector<Event>> GetWaitFor(
+    const SystemCall& call, absl::string_view function,
+    const TpuShim_Event* wait_for, size_t num_wait_for) {
+  std::vector<Event> events;
+  if (num_wait_for == 0) return events;
+  if (wait_for == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": args->wait_for is NULL and num_wait_for is ",
+                     num_wait_for));
+  }
+  for (size_t i = 0; i < num_wait_for; ++i) {
+    absl::StatusOr<EventEntry> entry = tables().events.Get(wait_for[i].id);
+    if (entry.ok() && entry->system_id != call.id()) {
+      entry = Foreign(Kind::kEvent, wait_for[i].id);
+    }
+    if (!entry.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          entry.status().message(), " (", function, ": wait_for[", i, "])"));
+    }
+    events.push_back(std::move(entry->event));
+  }
+  return events;
+}
+
+inline absl::Status AddEvent(uint64_t system_id, Event event,
+                             TpuShim_Event* out) {
+  TPUSHIM_ASSIGN_OR_RETURN(
+      out->id, tables().events.Insert(EventEntry{system_id, std::move(event)}));
+  return absl::OkStatus();
+}
+
+// `semantics` is an int32_t: a C caller may put any value there.
+inline absl::StatusOr<HostBufferSemantics> ToSemantics(
+    int32_t semantics, absl::string_view function) {
+  switch (semantics) {
+    case TPUSHIM_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL:
+      return HostBufferSemantics::kImmutableOnlyDuringCall;
+    case TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES:
+      return HostBufferSemantics::kImmutableUntilTransferCompletes;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(function, ": args->semantics ", semantics,
+                       " is not a TpuShim_HostBufferSemantics value"));
+  }
+}
+
+// c_api.h makes a transfer of 0 bytes INVALID_ARGUMENT; the C++ API, which
+// the adapter calls, accepts one (its event is ready at once).
+inline absl::Status CheckTransferSize(uint64_t size,
+                                      absl::string_view function) {
+  if (size != 0) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      function, ": args->size is 0; a transfer moves at least 1 byte"));
+}
+
+// The functions of API 1.3 (driver/c_api_shaped.cc).
+TpuShim_Error* DeviceBufferAllocateShaped(
+    TpuShim_DeviceBuffer_AllocateShaped_Args* args);
+TpuShim_Error* SystemGetDeviceMemoryStats(
+    TpuShim_System_GetDeviceMemoryStats_Args* args);
+TpuShim_Error* TransferArrayToDevice(TpuShim_Transfer_ArrayToDevice_Args* args);
+TpuShim_Error* TransferArrayFromDevice(
+    TpuShim_Transfer_ArrayFromDevice_Args* args);
+
+}  // namespace tpushim::capi_internal
+
+#endif  // TPUSHIM_DRIVER_C_API_SUPPORT_H_
