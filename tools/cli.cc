@@ -15,6 +15,7 @@
 #include "tools/demo.h"
 #include "tools/info.h"
 #include "tools/interrupt.h"
+#include "tools/shape.h"
 #include "tools/stress.h"
 #include "tools/tune.h"
 
@@ -110,6 +111,7 @@ void AddCommands(CLI::App& app, CommandContext& context) {
   RegisterBenchCommand(app, context);
   RegisterTuneCommand(app, context);
   RegisterStressCommand(app, context);
+  RegisterShapeCommand(app, context);
 }
 
 int RunCommandLine(int argc, char** argv, CommandContext& context) {

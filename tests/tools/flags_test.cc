@@ -87,6 +87,7 @@ const std::map<std::pair<std::string, std::string>, Kind>& Flags() {
           {{"stress", "--replay"}, Kind::kText},
           {{"stress", "--shrink"}, Kind::kText},
           {{"stress", "--shrink-seconds"}, Kind::kNumber},
+          {{"shape", "--hbm"}, Kind::kNumber},
       };
   return *flags;
 }
@@ -169,8 +170,7 @@ TEST(FlagsTest, EveryNumberFlagRejectsBadValuesEndToEnd) {
           TPUSHIM_TOOL_PATH, args, {"TPU_LOG_DIR=disabled"}, absl::Seconds(5));
       ASSERT_TRUE(r.ok()) << sub << " " << arg << ": " << r.status();
       ++runs;
-      EXPECT_EQ(r->exit_code, 2) << "tpushim " << arg << "\n"
-                                 << r->err;
+      EXPECT_EQ(r->exit_code, 2) << "tpushim " << arg << "\n" << r->err;
       EXPECT_THAT(r->err, AllOf(HasSubstr(flag), Not(HasSubstr("not in range")),
                                 Not(HasSubstr("Could not convert"))))
           << "tpushim " << arg;
@@ -290,7 +290,7 @@ TEST(CliTest, UnknownSubcommandsAndFlagsGetADidYouMean) {
        "tpushim: unknown subcommand \"stres\"; did you mean stress?"},
       {{"frobnicate"},
        "tpushim: unknown subcommand \"frobnicate\" (subcommands: info, demo, "
-       "bench, tune, stress)"},
+       "bench, tune, stress, shape)"},
       {{"demo", "--step-m", "3"},
        "tpushim demo: unknown flag --step-m; did you mean --step-ms?"},
       {{"bench", "--secnods=1"},
