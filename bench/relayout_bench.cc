@@ -16,6 +16,19 @@
 //   whole-image ones against memcpy, each chunked one against the memcpy
 //   of its direction) and reported as median [min, max] over the rounds.
 //
+//   BM_Transfer/<shape>     whole transfers through tpushim::System on
+//                           sim:// (a 256 MiB region, everything staged),
+//                           R rounds, rotated:
+//     memcpy        the dense host array into another host buffer (one
+//                   thread): the reference for every row below
+//     array_h2d     TransferArrayToDevice, awaited: the relayout is the copy
+//                   into each staging chunk, overlapped with the DMA
+//     array_d2h     TransferArrayFromDevice, awaited
+//     bytes_h2d     TransferToDevice of the device image's bytes as they are
+//     bytes_d2h     TransferFromDevice of them
+//   The ratio is the method's bandwidth in bytes of the host array (for
+//   bytes_*, of the image) over memcpy's, within each round.
+//
 // Shapes: f32[N,N]{1,0:T(8,128)} (no padding) and f32[N,N+4]{1,0:T(8,128)}
 // (the minor dimension padded from N+4 to N+128), N = --n (default 4096).
 // Goals: >= 0.8 without padding, >= 0.5 with it.
@@ -28,6 +41,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +50,8 @@
 #include "absl/strings/strip.h"
 #include "benchmark/benchmark.h"
 #include "device/xla_shape.h"
+#include "tpushim/options.h"
+#include "tpushim/system.h"
 #include "transfer/relayout.h"
 
 namespace tpushim {
@@ -159,24 +175,110 @@ void BM_SideBySide(benchmark::State& state, const std::string& text) {
   }
 }
 
+void BM_Transfer(benchmark::State& state, const std::string& text) {
+  OptionOverrides overrides;
+  overrides.premapped_buffer_size = uint64_t{256} << 20;
+  overrides.premapped_buffer_transfer_threshold_bytes = uint64_t{256} << 20;
+  overrides.device = "sim://?hbm=1G";
+  overrides.log_dir = "disabled";
+  absl::StatusOr<std::unique_ptr<System>> system = System::Create(overrides);
+  if (!system.ok()) Die(system.status(), "system");
+  System& sys = **system;
+  absl::StatusOr<DeviceBuffer> buffer =
+      sys.AllocateDevice(0, DeviceBufferSpec{.shape = text});
+  if (!buffer.ok()) Die(buffer.status(), "allocate");
+  const uint64_t host_bytes = buffer->host_size();
+  const uint64_t dev_bytes = buffer->size();
+  std::vector<char> host(host_bytes, 1), host2(host_bytes, 2);
+  std::vector<char> image(dev_bytes, 3), image2(dev_bytes, 4);
+  auto wait = [](absl::StatusOr<Event> e) {
+    if (!e.ok()) Die(e.status(), "submit");
+    absl::Status s = e->Await();
+    if (!s.ok()) Die(s, "transfer");
+  };
+  struct Method {
+    const char* name;
+    std::function<void()> run;
+    uint64_t bytes;
+  };
+  std::vector<Method> methods = {
+      {"memcpy", [&] { std::memcpy(host2.data(), host.data(), host_bytes); },
+       host_bytes},
+      {"array_h2d",
+       [&] { wait(sys.TransferArrayToDevice(host.data(), *buffer)); },
+       host_bytes},
+      {"array_d2h",
+       [&] { wait(sys.TransferArrayFromDevice(*buffer, host2.data())); },
+       host_bytes},
+      {"bytes_h2d",
+       [&] { wait(sys.TransferToDevice(image.data(), *buffer, 0, dev_bytes)); },
+       dev_bytes},
+      {"bytes_d2h",
+       [&] {
+         wait(sys.TransferFromDevice(*buffer, 0, image2.data(), dev_bytes));
+       },
+       dev_bytes},
+  };
+  std::vector<std::vector<double>> ratios(methods.size()),
+      rates(methods.size());
+  for (auto _ : state) {
+    for (const Method& m : methods) m.run();  // warm-up round
+    for (int round = 0; round < g_rounds; ++round) {
+      std::vector<double> seconds(methods.size());
+      double memcpy_seconds = 0;
+      for (size_t k = 0; k < methods.size(); ++k) {
+        const size_t m = (k + size_t(round)) % methods.size();
+        const auto t0 = std::chrono::steady_clock::now();
+        methods[m].run();
+        benchmark::ClobberMemory();
+        const double t =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count();
+        seconds[m] = t;
+        if (m == 0) memcpy_seconds = t;
+      }
+      const double memcpy_rate = double(host_bytes) / memcpy_seconds;
+      for (size_t m = 0; m < methods.size(); ++m) {
+        const double rate = double(methods[m].bytes) / seconds[m];
+        ratios[m].push_back(rate / memcpy_rate);
+        rates[m].push_back(rate / 1e9);
+      }
+    }
+  }
+  for (size_t m = 0; m < methods.size(); ++m) {
+    const Ratio r = Summarize(ratios[m]);
+    const double gbps = Summarize(rates[m]).median;
+    state.counters[absl::StrCat(methods[m].name, "_GBps")] = gbps;
+    if (m != 0) {
+      state.counters[absl::StrCat(methods[m].name, "_ratio")] = r.median;
+    }
+    g_rows.push_back(
+        {buffer->shape(), absl::StrCat("transfer:", methods[m].name), r, gbps});
+  }
+}
+
 void PrintSummary() {
   printf(
-      "\nmemcpy time / relayout time, one thread, %d rounds side by side "
-      "(median [min, max]):\n",
+      "\nAgainst one-thread memcpy, %d rounds side by side (median [min, "
+      "max]); kernels: memcpy time / relayout time; transfer:* rows: "
+      "bandwidth / memcpy's:\n",
       g_rounds);
   printf("  %-30s %-17s %6s %18s %6s %4s\n", "shape", "method", "GB/s",
          "ratio [min, max]", "goal", "met");
   for (const Row& r : g_rows) {
-    const bool reference = r.method.rfind("memcpy", 0) == 0;
+    const bool reference = r.method.rfind("memcpy", 0) == 0 ||
+                           r.method == "transfer:memcpy" ||
+                           r.method.rfind("transfer:bytes", 0) == 0;
     const bool padded =
         r.shape.find(absl::StrCat(",", g_n, "]")) == std::string::npos;
     const double goal = padded ? 0.5 : 0.8;
     printf("  %-30s %-17s %6.2f %18s %6s %4s\n", r.shape.c_str(),
            r.method.c_str(), r.gbps,
-           reference ? "-"
-                     : absl::StrFormat("%.2f [%.2f, %.2f]", r.ratio.median,
-                                       r.ratio.min, r.ratio.max)
-                           .c_str(),
+           r.method == "transfer:memcpy" || r.method.rfind("memcpy", 0) == 0
+               ? "-"
+               : absl::StrFormat("%.2f [%.2f, %.2f]", r.ratio.median,
+                                 r.ratio.min, r.ratio.max)
+                     .c_str(),
            reference ? "" : absl::StrFormat(">=%.1f", goal).c_str(),
            reference ? "" : (r.ratio.median >= goal ? "yes" : "NO"));
   }
@@ -205,6 +307,16 @@ int main(int argc, char** argv) {
     benchmark::RegisterBenchmark(
         absl::StrCat("BM_SideBySide/", text).c_str(),
         [text](benchmark::State& st) { tpushim::BM_SideBySide(st, text); })
+        ->Iterations(1)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+  for (int64_t minor : {tpushim::g_n, tpushim::g_n + 4}) {
+    const std::string text =
+        absl::StrCat("f32[", tpushim::g_n, ",", minor, "]{1,0:T(8,128)}");
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_Transfer/", text).c_str(),
+        [text](benchmark::State& st) { tpushim::BM_Transfer(st, text); })
         ->Iterations(1)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
