@@ -307,13 +307,21 @@ void Program::AllocateDevice() {
     }
   }
   if (!r.ok()) {
+    // XLA's line, then XLA's HBM report naming the request.
+    const absl::string_view message = r.message;
+    const size_t newline = message.find('\n');
+    const absl::string_view first = message.substr(0, newline);
     TPUSHIM_FUZZ_CHECK(
         r.code == TPUSHIM_CODE_RESOURCE_EXHAUSTED &&
-        absl::StartsWith(r.message,
+        absl::StartsWith(first,
                          "Error allocating device buffer: Attempting to "
                          "allocate ") &&
-        absl::StrContains(r.message, "That was not possible. There are ") &&
-        absl::EndsWith(r.message, "_HBM0)"))
+        absl::StrContains(first, "That was not possible. There are ") &&
+        absl::EndsWith(first, "_HBM0)") &&
+        newline != absl::string_view::npos &&
+        absl::StartsWith(message.substr(newline + 1),
+                         "Ran out of memory in memory space hbm. ") &&
+        absl::StrContains(message, "Allocation type: failed request"))
         << r;
     return;
   }
