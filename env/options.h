@@ -115,6 +115,8 @@ struct Options {
   Option<std::string> trace_file;
   // TPUSHIM_DUMP_ON_OOM: "0" or "1".
   Option<bool> dump_on_oom{false};
+  // TPUSHIM_MEMORY_PROFILE: empty = no profile.
+  Option<std::string> memory_profile;
 
   // WARNINGs produced while resolving (threshold clamped, malformed
   // TPU_VMODULE entries), to be logged once logging is up.

@@ -137,11 +137,12 @@ absl::StatusOr<Options> Resolve(const Environment& env,
 
 // Every field, for comparing two OptionOverrides.
 auto Fields(const OptionOverrides& o) {
-  return std::tie(
-      o.premapped_buffer_size, o.premapped_buffer_transfer_threshold_bytes,
-      o.log_dir, o.min_log_level, o.stderr_log_level, o.vmodule,
-      o.max_log_size_mb, o.log_keep, o.device, o.hugepages, o.prefault_threads,
-      o.numa_node, o.mlock, o.faults, o.trace_file, o.dump_on_oom);
+  return std::tie(o.premapped_buffer_size,
+                  o.premapped_buffer_transfer_threshold_bytes, o.log_dir,
+                  o.min_log_level, o.stderr_log_level, o.vmodule,
+                  o.max_log_size_mb, o.log_keep, o.device, o.hugepages,
+                  o.prefault_threads, o.numa_node, o.mlock, o.faults,
+                  o.trace_file, o.dump_on_oom, o.memory_profile);
 }
 
 // The whole outcome of a resolution as text, for comparing two of them.
@@ -199,11 +200,11 @@ void CheckDeviceUrl(absl::string_view text) {
     // Every parameter spelled out, the address in its long form.
     static constexpr const char* kD2d[] = {"auto", "copy", "bounce"};
     static constexpr const char* kIrq[] = {"msix", "poll"};
-    const std::string canonical = absl::StrCat(
-        "vfio://", url->pci_address.ToString(),
-        "?engine=nvme&d2d=", kD2d[static_cast<int>(url->d2d)],
-        "&irq=", kIrq[static_cast<int>(url->irq)],
-        "&queue_depth=", url->queue_depth);
+    const std::string canonical =
+        absl::StrCat("vfio://", url->pci_address.ToString(),
+                     "?engine=nvme&d2d=", kD2d[static_cast<int>(url->d2d)],
+                     "&irq=", kIrq[static_cast<int>(url->irq)],
+                     "&queue_depth=", url->queue_depth);
     const absl::StatusOr<DeviceUrl> again = ParseDeviceUrl(canonical);
     TPUSHIM_FUZZ_CHECK(again.ok()) << canonical << ": " << again.status();
     TPUSHIM_FUZZ_CHECK(again->pci_address.ToString() ==
@@ -457,8 +458,9 @@ void CheckRegionSettings(const Options& o,
   size_t clamp_warnings = 0;
   for (const std::string& warning : o.warnings) {
     if (absl::StartsWith(warning, "TPU_VMODULE entry \"")) continue;
-    if (absl::StrContains(warning, " is set, but tpushim reads no such "
-                                   "variable and ignores it")) {
+    if (absl::StrContains(warning,
+                          " is set, but tpushim reads no such "
+                          "variable and ignores it")) {
       continue;
     }
     TPUSHIM_FUZZ_CHECK(absl::EndsWith(

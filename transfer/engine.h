@@ -40,6 +40,7 @@
 #include "tpushim/transfer.h"
 #include "transfer/event.h"
 #include "transfer/host_worker.h"
+#include "transfer/memory_profile.h"
 #include "transfer/pin_tracker.h"
 #include "transfer/relayout.h"
 #include "transfer/trace.h"
@@ -320,6 +321,8 @@ class Engine {
   void ReleaseBufferUse(const std::shared_ptr<Allocation>& a);
   void DeallocStep(const std::shared_ptr<Allocation>& a);
   void FreeAllocation(const std::shared_ptr<Allocation>& a);
+  // `a` as the memory profile records it.
+  static MemoryProfile::Buffer ProfileBuffer(const Allocation& a);
   // Allocates `size` device bytes for `a` (device, shape and label set)
   // and makes it live; on RESOURCE_EXHAUSTED adds XLA's HBM report.
   absl::StatusOr<DeviceBuffer> AllocateLive(std::shared_ptr<Allocation> a);
@@ -403,6 +406,8 @@ class Engine {
   std::vector<std::unique_ptr<HostWorker>> host_workers_;
   PinTracker pins_;
   std::unique_ptr<TraceRecorder> trace_;
+  // TPUSHIM_MEMORY_PROFILE; set by Start(), closed by Shutdown().
+  std::unique_ptr<MemoryProfile> memory_profile_;
   std::vector<std::unique_ptr<Sink>> sinks_;
   std::vector<HostWindowId> region_windows_;  // per device
   std::vector<std::unique_ptr<Queue>> queues_;
@@ -415,7 +420,7 @@ class Engine {
   absl::flat_hash_map<Allocation*, std::shared_ptr<Allocation>> live_
       ABSL_GUARDED_BY(mu_);
   uint64_t live_bytes_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t next_allocation_serial_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_allocation_serial_ ABSL_GUARDED_BY(mu_) = 1;
   // Per device: padded and unpadded bytes of live buffers, and their peaks.
   std::vector<DeviceMemoryUse> memory_use_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> closing_{false};  // mirrors shutting_down_, lock-free

@@ -92,14 +92,20 @@ absl::StatusOr<DeviceBuffer> Engine::AllocateLive(
       devices_[a->device]->AllocateMemory(a->size);
   if (!address.ok()) {
     if (!absl::IsResourceExhausted(address.status())) return address.status();
+    if (memory_profile_ && memory_profile_->Failed(ProfileBuffer(*a))) {
+      memory_profile_->Flush();
+    }
     return absl::ResourceExhaustedError(
         absl::StrCat(address.status().message(), "\n", HbmReport(*a)));
   }
   a->engine_serial = serial_;
   a->address = *address;
+  bool flush = false;
+  bool live = false;
   {
     MutexLock lock(&mu_);
     if (!shutting_down_) {
+      live = true;
       a->serial = next_allocation_serial_++;
       live_.emplace(a.get(), a);
       live_bytes_ += a->size;
@@ -110,9 +116,12 @@ absl::StatusOr<DeviceBuffer> Engine::AllocateLive(
       use.peak_padded_bytes = std::max(use.peak_padded_bytes, use.padded_bytes);
       use.peak_unpadded_bytes =
           std::max(use.peak_unpadded_bytes, use.unpadded_bytes);
-      return DeviceBuffer(std::move(a));
+      if (memory_profile_)
+        flush = memory_profile_->Allocated(ProfileBuffer(*a));
     }
   }
+  if (flush) memory_profile_->Flush();
+  if (live) return DeviceBuffer(std::move(a));
   (void)devices_[a->device]->FreeMemory(a->address);
   return CheckOpen();
 }
@@ -270,16 +279,38 @@ void Engine::FreeAllocation(const std::shared_ptr<Allocation>& a) {
     if (a->freed) return;
     a->freed = true;
   }
+  // Counted out before the device frees it: an allocation that reuses the
+  // memory is counted in only after, so the counts and the memory profile
+  // never hold more than the device does.
+  bool flush = false;
+  {
+    MutexLock lock(&mu_);
+    if (live_.erase(a.get()) > 0) {
+      live_bytes_ -= a->size;
+      DeviceMemoryUse& use = memory_use_[a->device];
+      --use.buffers;
+      use.padded_bytes -= a->image_bytes;
+      use.unpadded_bytes -= a->unpadded;
+      if (memory_profile_) {
+        flush = memory_profile_->Freed(a->device, a->serial);
+      }
+    }
+  }
   absl::Status s = devices_[a->device]->FreeMemory(a->address);
   if (!s.ok()) LOG(ERROR) << "Freeing a device buffer failed: " << s;
-  MutexLock lock(&mu_);
-  if (live_.erase(a.get()) > 0) {
-    live_bytes_ -= a->size;
-    DeviceMemoryUse& use = memory_use_[a->device];
-    --use.buffers;
-    use.padded_bytes -= a->image_bytes;
-    use.unpadded_bytes -= a->unpadded;
-  }
+  if (flush) memory_profile_->Flush();
+}
+
+MemoryProfile::Buffer Engine::ProfileBuffer(const Allocation& a) {
+  return {
+      .device = a.device,
+      .id = a.serial,
+      .device_bytes = a.size,
+      .padded_bytes = a.image_bytes,
+      .unpadded_bytes = a.unpadded,
+      .shape = a.shape ? absl::string_view(a.shape->text) : absl::string_view(),
+      .label = a.label,
+      .op_metadata = a.op_metadata};
 }
 
 }  // namespace tpushim::transfer_internal

@@ -73,6 +73,17 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
 }
 
 absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
+  if (!config_.memory_profile.empty()) {
+    std::vector<MemoryProfile::DeviceEntry> entries;
+    for (Device* dev : devices_) {
+      entries.push_back({.name = dev->info().name,
+                         .hbm_bytes = dev->info().hbm_bytes,
+                         .granule = dev->GetMemoryStats().granule});
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(memory_profile_,
+                             MemoryProfile::Create(config_.memory_profile, os_,
+                                                   origin_ns_, entries));
+  }
   const bool registered = !region_windows.empty();
   region_windows_ = std::move(region_windows);
   for (size_t i = 0; i < devices_.size(); ++i) {
@@ -197,6 +208,16 @@ void Engine::Shutdown() {
   }
   region_windows_.clear();
   callbacks_.Drain();
+  if (memory_profile_) {
+    absl::Status s = memory_profile_->Close();
+    if (s.ok()) {
+      LOG(INFO) << "Wrote the memory profile (" << memory_profile_->records()
+                << " records) to " << memory_profile_->path();
+    } else {
+      LOG(ERROR) << "The memory profile " << memory_profile_->path()
+                 << " is incomplete: " << s;
+    }
+  }
   if (trace_) {
     absl::Status s = trace_->Write();
     if (s.ok()) {
@@ -313,6 +334,7 @@ TransferEngine::Config TransferEngine::Config::FromOptions(
     const Options& options) {
   Config config;
   config.trace_file = options.trace_file.value;
+  config.memory_profile = options.memory_profile.value;
   return config;
 }
 

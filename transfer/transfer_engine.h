@@ -135,8 +135,12 @@ class TransferEngine {
     uint64_t inline_copy_bytes = uint64_t{256} << 10;
     // TPUSHIM_TRACE_FILE; empty = no trace.
     std::string trace_file{};
+    // TPUSHIM_MEMORY_PROFILE; empty = no profile. Created when the engine
+    // starts; a file that cannot be created fails the start.
+    std::string memory_profile{};
 
-    // The defaults, with what the options set (TPUSHIM_TRACE_FILE).
+    // The defaults, with what the options set (TPUSHIM_TRACE_FILE,
+    // TPUSHIM_MEMORY_PROFILE).
     static Config FromOptions(const Options& options);
   };
 

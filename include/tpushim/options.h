@@ -38,10 +38,11 @@ struct OptionOverrides {
   std::optional<int> prefault_threads;      // TPUSHIM_PREFAULT_THREADS
   // TPUSHIM_NUMA_NODE: nullopt inside = auto.
   std::optional<std::optional<int>> numa_node;
-  std::optional<MlockMode> mlock;         // TPUSHIM_MLOCK
-  std::optional<std::string> faults;      // TPUSHIM_FAULTS
-  std::optional<std::string> trace_file;  // TPUSHIM_TRACE_FILE
-  std::optional<bool> dump_on_oom;        // TPUSHIM_DUMP_ON_OOM
+  std::optional<MlockMode> mlock;             // TPUSHIM_MLOCK
+  std::optional<std::string> faults;          // TPUSHIM_FAULTS
+  std::optional<std::string> trace_file;      // TPUSHIM_TRACE_FILE
+  std::optional<bool> dump_on_oom;            // TPUSHIM_DUMP_ON_OOM
+  std::optional<std::string> memory_profile;  // TPUSHIM_MEMORY_PROFILE
 };
 
 }  // namespace tpushim

@@ -92,6 +92,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
       {"TPUSHIM_MLOCK", "required"},
       {"TPUSHIM_FAULTS", "mmap:nth=1;dma:rate=0.5,seed=7,code=UNAVAILABLE"},
       {"TPUSHIM_TRACE_FILE", "/tmp/trace.json"},
+      {"TPUSHIM_MEMORY_PROFILE", "/tmp/mem.jsonl"},
       {"TPUSHIM_DUMP_ON_OOM", "1"},
   });
   EXPECT_EQ(options.premapped_buffer_size.value, uint64_t{1} << 34);
@@ -116,6 +117,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(options.mlock.value, MlockMode::kRequired);
   EXPECT_THAT(options.faults.value.rules, SizeIs(2));
   EXPECT_EQ(options.trace_file.value, "/tmp/trace.json");
+  EXPECT_EQ(options.memory_profile.value, "/tmp/mem.jsonl");
   EXPECT_TRUE(options.dump_on_oom.value);
   EXPECT_THAT(options.warnings, IsEmpty());
   for (const OptionRow& row : DescribeOptions(options)) {
@@ -417,6 +419,7 @@ TEST(PrecedenceTest, ApiOverridesEverySetting) {
   api.mlock = MlockMode::kOff;
   api.faults = "alloc:every=2";
   api.trace_file = "/tmp/t.json";
+  api.memory_profile = "/tmp/m.jsonl";
   api.dump_on_oom = true;
   const Options options = MustResolve({{"TPU_LOG_DIR", "/x"},
                                        {"TPUSHIM_HUGEPAGES", "thp"},
@@ -435,6 +438,7 @@ TEST(PrecedenceTest, ApiOverridesEverySetting) {
   EXPECT_EQ(options.mlock.value, MlockMode::kOff);
   EXPECT_THAT(options.faults.value.rules, SizeIs(1));
   EXPECT_EQ(options.trace_file.value, "/tmp/t.json");
+  EXPECT_EQ(options.memory_profile.value, "/tmp/m.jsonl");
   EXPECT_TRUE(options.dump_on_oom.value);
   for (const OptionRow& row : DescribeOptions(options)) {
     if (row.name.find("PREMAPPED") != std::string::npos) continue;
@@ -860,11 +864,11 @@ TEST(DescribeOptionsTest, OneRowPerSettingInDocumentedOrderWithDefaults) {
                   "TPUSHIM_DEVICE", "TPUSHIM_HUGEPAGES",
                   "TPUSHIM_PREFAULT_THREADS", "TPUSHIM_NUMA_NODE",
                   "TPUSHIM_MLOCK", "TPUSHIM_FAULTS", "TPUSHIM_TRACE_FILE",
-                  "TPUSHIM_DUMP_ON_OOM"));
+                  "TPUSHIM_MEMORY_PROFILE", "TPUSHIM_DUMP_ON_OOM"));
   EXPECT_THAT(Column(rows, &OptionRow::value),
               ElementsAre("4294967296", "4294967296", "/tmp/tpu_logs", "0", "2",
                           "\"\"", "1024", "5", "sim://", "auto", "0", "auto",
-                          "on", "\"\"", "\"\"", "0"));
+                          "on", "\"\"", "\"\"", "\"\"", "0"));
 }
 
 TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
@@ -882,7 +886,7 @@ TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
   EXPECT_THAT(Column(rows, &OptionRow::value),
               ElementsAre("8192", "8192", "/tmp/tpu_logs", "0", "2", "a=1,b*=2",
                           "1024", "5", "sim://?devices=2", "thp", "0", "1",
-                          "required", "mmap:nth=1", "\"\"", "1"));
+                          "required", "mmap:nth=1", "\"\"", "\"\"", "1"));
   std::vector<OptionSource> sources;
   for (const OptionRow& row : rows) sources.push_back(row.source);
   using S = OptionSource;
@@ -890,7 +894,7 @@ TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
               ElementsAre(S::kFlag, S::kDefault, S::kDefault, S::kDefault,
                           S::kDefault, S::kEnv, S::kDefault, S::kDefault,
                           S::kEnv, S::kEnv, S::kDefault, S::kEnv, S::kApi,
-                          S::kEnv, S::kDefault, S::kEnv));
+                          S::kEnv, S::kDefault, S::kDefault, S::kEnv));
 }
 
 // ---- Small helpers ----------------------------------------------------------

@@ -1,0 +1,190 @@
+// TPUSHIM_MEMORY_PROFILE: what the transfer engine records about device
+// memory, in what order, and what happens when the file cannot be written.
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
+#include "tests/testing/transfer_rig.h"
+#include "transfer/transfer_engine.h"
+
+namespace tpushim {
+namespace {
+
+using ::testing::HasSubstr;
+using testutil::TransferRig;
+using Json = nlohmann::json;
+
+std::vector<Json> ReadLines(const std::string& path) {
+  std::istringstream in(testutil::ReadFileOrEmpty(path));
+  std::vector<Json> lines;
+  for (std::string line; std::getline(in, line);) {
+    lines.push_back(Json::parse(line, nullptr, false));
+    EXPECT_FALSE(lines.back().is_discarded()) << line;
+  }
+  return lines;
+}
+
+std::unique_ptr<TransferRig> MakeRig(const std::string& profile,
+                                     const std::string& url = "sim://?hbm=1M") {
+  TransferRig::Params params{.device_url = url};
+  params.engine.memory_profile = profile;
+  absl::StatusOr<std::unique_ptr<TransferRig>> rig =
+      TransferRig::Create(params);
+  EXPECT_TRUE(rig.ok()) << rig.status();
+  return rig.ok() ? *std::move(rig) : nullptr;
+}
+
+TEST(MemoryProfileTest, RecordsAllocationsFreesAndFailedRequestsInOrder) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("profile.jsonl");
+  auto rig = MakeRig(path);
+  ASSERT_NE(rig, nullptr);
+  TransferEngine& engine = rig->engine();
+  absl::StatusOr<DeviceBuffer> one_hot =
+      engine.Allocate(0, DeviceBufferSpec{.shape = "s32[1000,10]",
+                                          .label = "one_hot",
+                                          .op_metadata = "op_type=\"OneHot\""});
+  ASSERT_TRUE(one_hot.ok()) << one_hot.status();
+  absl::StatusOr<DeviceBuffer> bytes = engine.Allocate(0, 1000);
+  ASSERT_TRUE(bytes.ok()) << bytes.status();
+  absl::StatusOr<Event> freed = engine.Deallocate(*one_hot);
+  ASSERT_TRUE(freed.ok()) << freed.status();
+  ASSERT_TRUE(freed->Await().ok());
+  EXPECT_FALSE(
+      engine.Allocate(0, DeviceBufferSpec{.shape = "f32[1024,1024]"}).ok());
+  // `bytes` is still live: shut-down frees it and records that.
+  EXPECT_EQ(rig->TearDownAndReport(), "");
+
+  const std::vector<Json> lines = ReadLines(path);
+  ASSERT_EQ(lines.size(), 7u);
+  EXPECT_EQ(lines[0]["tpushim_memory_profile"], 1);
+  ASSERT_EQ(lines[0]["devices"].size(), 1u);
+  EXPECT_EQ(lines[0]["devices"][0]["name"], "sim:0");
+  EXPECT_EQ(lines[0]["devices"][0]["hbm_bytes"], 1 << 20);
+  EXPECT_EQ(lines[0]["devices"][0]["granule"], 64);
+
+  const Json& a = lines[1];
+  EXPECT_EQ(a["event"], "alloc");
+  EXPECT_EQ(a["device"], 0);
+  EXPECT_EQ(a["shape"], "s32[1000,10]{1,0:T(8,128)}");
+  EXPECT_EQ(a["label"], "one_hot");
+  EXPECT_EQ(a["op"], "op_type=\"OneHot\"");
+  EXPECT_EQ(a["padded_bytes"], 1000 * 128 * 4);
+  EXPECT_EQ(a["unpadded_bytes"], 1000 * 10 * 4);
+  EXPECT_EQ(a["device_bytes"], 1000 * 128 * 4);
+  const Json& b = lines[2];
+  EXPECT_EQ(b["event"], "alloc");
+  EXPECT_EQ(b["padded_bytes"], 1000);
+  EXPECT_EQ(b["unpadded_bytes"], 1000);
+  EXPECT_FALSE(b.contains("shape"));
+  EXPECT_FALSE(b.contains("label"));
+  EXPECT_NE(a["id"], b["id"]);
+  EXPECT_EQ(lines[3]["event"], "free");
+  EXPECT_EQ(lines[3]["id"], a["id"]);
+  EXPECT_EQ(lines[4]["event"], "failed");
+  EXPECT_EQ(lines[4]["padded_bytes"], 4 << 20);
+  EXPECT_EQ(lines[4]["shape"], "f32[1024,1024]{1,0:T(8,128)}");
+  EXPECT_FALSE(lines[4].contains("id"));
+  EXPECT_EQ(lines[5]["event"], "free");
+  EXPECT_EQ(lines[5]["id"], b["id"]);
+  EXPECT_EQ(lines[6]["event"], "end");
+  for (size_t i = 2; i < lines.size(); ++i) {
+    EXPECT_GE(lines[i]["t"].get<double>(), lines[i - 1]["t"].get<double>());
+  }
+}
+
+TEST(MemoryProfileTest, AFileThatCannotBeCreatedFailsTheStartByName) {
+  TransferRig::Params params;
+  params.engine.memory_profile = "/nonexistent-tpushim-dir/profile.jsonl";
+  absl::StatusOr<std::unique_ptr<TransferRig>> rig =
+      TransferRig::Create(params);
+  ASSERT_FALSE(rig.ok());
+  EXPECT_TRUE(absl::IsNotFound(rig.status())) << rig.status();
+  EXPECT_THAT(rig.status().message(),
+              HasSubstr("TPUSHIM_MEMORY_PROFILE=/nonexistent-tpushim-dir/"
+                        "profile.jsonl: cannot create the file"));
+}
+
+TEST(MemoryProfileTest, AFullDiskFailsTheStartByName) {
+  TransferRig::Params params;
+  params.engine.memory_profile = "/dev/full";
+  absl::StatusOr<std::unique_ptr<TransferRig>> rig =
+      TransferRig::Create(params);
+  ASSERT_FALSE(rig.ok());
+  EXPECT_THAT(rig.status().message(),
+              HasSubstr("TPUSHIM_MEMORY_PROFILE=/dev/full: cannot write"));
+}
+
+// More records than one buffer holds, from several threads, some of them
+// failed requests (four f32[100,600] take 1.02M of the 1M device): every
+// record reaches the file, each free after its alloc, and the bytes in use
+// that the file adds up never exceed the device nor end above zero.
+TEST(MemoryProfileTest, ThreadsRecordEveryEventInAConsistentOrder) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("profile.jsonl");
+  auto rig = MakeRig(path, "sim://?hbm=1M");
+  ASSERT_NE(rig, nullptr);
+  TransferEngine& engine = rig->engine();
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 400;
+  std::vector<std::thread> threads;
+  std::atomic<int> allocated{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&engine, &allocated, t] {
+      for (int i = 0; i < kRounds; ++i) {
+        absl::StatusOr<DeviceBuffer> b = engine.Allocate(
+            0, DeviceBufferSpec{
+                   .shape = (t % 2 == 0) ? "f32[100,600]" : "bf16[8,8]",
+                   .label = "t"});
+        if (!b.ok()) continue;
+        allocated.fetch_add(1);
+        absl::StatusOr<Event> e = engine.Deallocate(*b);
+        if (e.ok()) (void)e->Await();
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(rig->TearDownAndReport(), "");
+
+  const std::vector<Json> lines = ReadLines(path);
+  ASSERT_GE(lines.size(), 2u);
+  EXPECT_EQ(lines.back()["event"], "end");
+  std::map<uint64_t, uint64_t> live;  // id -> padded bytes
+  int64_t in_use = 0;
+  int allocs = 0;
+  int frees = 0;
+  for (size_t i = 1; i + 1 < lines.size(); ++i) {
+    const Json& j = lines[i];
+    if (j["event"] == "alloc") {
+      ++allocs;
+      ASSERT_TRUE(live.emplace(j["id"], j["padded_bytes"]).second) << j;
+      in_use += j["padded_bytes"].get<int64_t>();
+      EXPECT_LE(in_use, 1 << 20) << "line " << i;
+    } else if (j["event"] == "free") {
+      ++frees;
+      auto it = live.find(j["id"]);
+      ASSERT_NE(it, live.end()) << "free before its alloc, line " << i;
+      in_use -= static_cast<int64_t>(it->second);
+      live.erase(it);
+    }
+  }
+  EXPECT_EQ(allocs, allocated.load());
+  EXPECT_EQ(frees, allocs);
+  EXPECT_EQ(in_use, 0);
+  // A few hundred records take more than one 64 KiB flush.
+  EXPECT_GT(testutil::ReadFileOrEmpty(path).size(), size_t{64} << 10);
+}
+
+}  // namespace
+}  // namespace tpushim

@@ -1,0 +1,146 @@
+#include "transfer/memory_profile.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/time/time.h"
+#include "logging/log.h"
+#include "nlohmann/json.hpp"
+
+namespace tpushim {
+namespace {
+
+constexpr size_t kFlushBytes = size_t{64} << 10;
+
+using Json = nlohmann::ordered_json;
+
+Json BufferJson(const MemoryProfile::Buffer& b, const char* event) {
+  Json j = {{"event", event}, {"device", b.device}};
+  if (b.id != 0) j["id"] = b.id;
+  j["device_bytes"] = b.device_bytes;
+  j["padded_bytes"] = b.padded_bytes;
+  j["unpadded_bytes"] = b.unpadded_bytes;
+  if (!b.shape.empty()) j["shape"] = b.shape;
+  if (!b.label.empty()) j["label"] = b.label;
+  if (!b.op_metadata.empty()) j["op"] = b.op_metadata;
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<MemoryProfile>> MemoryProfile::Create(
+    const std::string& path, Os* os, int64_t origin_ns,
+    const std::vector<DeviceEntry>& devices) {
+  absl::StatusOr<int> fd = os->CreateOutputFile(path);
+  if (!fd.ok()) {
+    return absl::Status(
+        fd.status().code(),
+        absl::StrCat("TPUSHIM_MEMORY_PROFILE=", path,
+                     ": cannot create the file: ", fd.status().message()));
+  }
+  Json header = {{"tpushim_memory_profile", 1},
+                 {"pid", os->ProcessId()},
+                 {"started", absl::FormatTime(absl::RFC3339_sec, os->Now(),
+                                              absl::UTCTimeZone())}};
+  Json& list = header["devices"] = Json::array();
+  for (const DeviceEntry& d : devices) {
+    list.push_back(
+        {{"name", d.name}, {"hbm_bytes", d.hbm_bytes}, {"granule", d.granule}});
+  }
+  const std::string line = header.dump() + "\n";
+  absl::Status written = os->WriteAll(*fd, line.data(), line.size());
+  if (!written.ok()) {
+    (void)os->Close(*fd);
+    return absl::Status(
+        written.code(),
+        absl::StrCat("TPUSHIM_MEMORY_PROFILE=", path,
+                     ": cannot write the file: ", written.message()));
+  }
+  return std::unique_ptr<MemoryProfile>(
+      new MemoryProfile(path, os, origin_ns, *fd));
+}
+
+MemoryProfile::MemoryProfile(std::string path, Os* os, int64_t origin_ns,
+                             int fd)
+    : path_(std::move(path)), os_(os), origin_ns_(origin_ns), fd_(fd) {}
+
+MemoryProfile::~MemoryProfile() { (void)Close(); }
+
+bool MemoryProfile::Append(std::string line, bool urgent) {
+  MutexLock lock(&mu_);
+  if (closed_) return false;
+  // Stamped here, under the lock, so that the file is in time order.
+  const double t =
+      static_cast<double>(os_->MonotonicNanos() - origin_ns_) / 1e9;
+  absl::StrAppend(&pending_, "{\"t\":", absl::StrFormat("%.6f", t), ",",
+                  absl::string_view(line).substr(1), "\n");
+  ++records_;
+  return urgent || pending_.size() >= kFlushBytes;
+}
+
+bool MemoryProfile::Allocated(const Buffer& b) {
+  return Append(BufferJson(b, "alloc").dump(), false);
+}
+
+bool MemoryProfile::Freed(int device, uint64_t id) {
+  return Append(Json{{"event", "free"}, {"device", device}, {"id", id}}.dump(),
+                false);
+}
+
+bool MemoryProfile::Failed(const Buffer& b) {
+  Buffer request = b;
+  request.id = 0;
+  return Append(BufferJson(request, "failed").dump(), true);
+}
+
+void MemoryProfile::Flush() {
+  MutexLock write_lock(&write_mu_);
+  std::string out;
+  {
+    MutexLock lock(&mu_);
+    out.swap(pending_);
+  }
+  if (out.empty() || fd_ < 0 || !write_error_.ok()) return;
+  absl::Status s = os_->WriteAll(fd_, out.data(), out.size());
+  if (!s.ok()) {
+    write_error_ = s;
+    LOG(ERROR) << "Writing the memory profile to " << path_
+               << " failed; no more records are written: " << s;
+  }
+}
+
+absl::Status MemoryProfile::Close() {
+  bool closed;
+  {
+    MutexLock lock(&mu_);
+    closed = closed_;
+  }
+  if (closed) {
+    MutexLock write_lock(&write_mu_);
+    return write_error_;
+  }
+  (void)Append(Json{{"event", "end"}}.dump(), true);
+  {
+    MutexLock lock(&mu_);
+    closed_ = true;
+  }
+  Flush();
+  MutexLock write_lock(&write_mu_);
+  if (fd_ >= 0) {
+    absl::Status s = os_->Close(fd_);
+    fd_ = -1;
+    if (!s.ok() && write_error_.ok()) {
+      write_error_ = s;
+      LOG(ERROR) << "Closing the memory profile " << path_ << " failed: " << s;
+    }
+  }
+  return write_error_;
+}
+
+uint64_t MemoryProfile::records() const {
+  MutexLock lock(&mu_);
+  return records_;
+}
+
+}  // namespace tpushim
