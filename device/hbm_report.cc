@@ -104,7 +104,14 @@ std::string FormatHbmReport(uint64_t capacity_bytes,
       shown.back() = r;
     }
   }
-  absl::StrAppend(&out, "Largest program allocations in hbm:\n");
+  absl::StrAppend(&out, "Largest program allocations in hbm:\n",
+                  FormatHbmBufferList(buffers, shown));
+  return out;
+}
+
+std::string FormatHbmBufferList(absl::Span<const HbmBuffer> buffers,
+                                absl::Span<const size_t> shown) {
+  std::string out;
   std::vector<std::string> hints;
   for (size_t i = 0; i < shown.size(); ++i) {
     const HbmBuffer& b = buffers[shown[i]];

@@ -69,6 +69,13 @@ std::string FormatHbmReport(uint64_t capacity_bytes,
                             absl::Span<const HbmBuffer> buffers,
                             int listed = kHbmReportListed);
 
+// The numbered list of the report, blank line first: `buffers[shown[0]]`
+// as "  1. Size: ...", and so on, then "Where the padding comes from:"
+// for those of them that are padded. For `tpushim memory`, which lists
+// what a device held at its peak the same way.
+std::string FormatHbmBufferList(absl::Span<const HbmBuffer> buffers,
+                                absl::Span<const size_t> shown);
+
 // The lines of one buffer as the list prints them, without the number:
 // "Size: 14.00G\n     Shape: ...\n ...". `indent` goes before each line
 // after the first. For `tpushim shape`, which prints them alone.

@@ -15,6 +15,7 @@
 #include "tools/demo.h"
 #include "tools/info.h"
 #include "tools/interrupt.h"
+#include "tools/memory.h"
 #include "tools/shape.h"
 #include "tools/stress.h"
 #include "tools/tune.h"
@@ -112,6 +113,7 @@ void AddCommands(CLI::App& app, CommandContext& context) {
   RegisterTuneCommand(app, context);
   RegisterStressCommand(app, context);
   RegisterShapeCommand(app, context);
+  RegisterMemoryCommand(app, context);
 }
 
 int RunCommandLine(int argc, char** argv, CommandContext& context) {

@@ -48,6 +48,7 @@ using demo_internal::kMaxBatchBytes;
 using demo_internal::kMinShardBytes;
 using demo_internal::Pipeline;
 using demo_internal::PrintSummary;
+using demo_internal::ShapedModel;
 using demo_internal::Summary;
 using demo_internal::SummaryJson;
 
@@ -95,6 +96,7 @@ struct DemoFlags {
   bool devices_given = false;
   double step_ms = kDefaultStepMs;
   int producers = kDefaultProducers;
+  bool shapes = false;
   bool json = false;
 };
 
@@ -191,17 +193,49 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   }
   summary.log_directory = (*system)->log_directory();
 
-  if (config.steps > 0) {
+  std::optional<ShapedModel> model;
+  absl::Status loaded;
+  if (flags.shapes) {
+    model.emplace(**system);
+    loaded = model->Load();
+    if (!loaded.ok()) {
+      LOG(ERROR) << "tpushim demo --shapes: " << loaded;
+    }
+  }
+  if (config.steps > 0 && loaded.ok()) {
     LOG(INFO) << "tpushim demo: " << config.steps << " steps of "
               << config.batch_bytes << " bytes on " << config.devices
               << " devices, " << config.step_ms << " ms per step, "
               << config.producers << " producers";
     Pipeline pipeline(**system, config);
+    if (model) {
+      pipeline.set_step_hook([&model](int64_t k) { return model->Step(k); });
+    }
     pipeline.Run();
     summary.run = pipeline.counters();
     // Interrupted: the figures are those of the steps that ran.
     summary.steps_requested = config.steps;
     summary.config.steps = summary.run.steps_run;
+  }
+  if (model) {
+    model->Release();
+    summary.shapes = model->report();
+    if (!loaded.ok()) {
+      summary.shapes->error = loaded.ToString();
+      // What could not be loaded is an error of the run, as it would be of
+      // a training job.
+      (absl::IsDataLoss(loaded) ? summary.run.hash_mismatches
+                                : summary.run.failed_allocations) += 1;
+      if (summary.run.first_error.empty()) {
+        summary.run.first_error =
+            absl::StrCat("loading the shaped buffers: ", loaded.ToString());
+      }
+    }
+    model.reset();
+  }
+  if (!loaded.ok()) {
+    summary.steps_requested = config.steps;
+    summary.config.steps = 0;  // the loop did not run
   }
   const SystemStats stats = (*system)->GetStats();
   summary.region = stats.region;
@@ -248,6 +282,10 @@ void RegisterDemoCommand(CLI::App& app, CommandContext& context) {
   AddWholeFlag(demo, "--producers", &flags->producers,
                {.unit = "threads", .min = 1, .max = 64},
                "Producer threads filling batches");
+  demo->add_flag("--shapes", flags->shapes,
+                 "Also hold a model-like set of shaped device buffers "
+                 "(weights, activations, a badly padded one-hot tensor) and "
+                 "show what they take in TPU's tiled layouts");
   demo->add_flag("--json", flags->json,
                  "Print one JSON object instead of tables");
   demo->callback([flags, devices, &context] {

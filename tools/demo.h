@@ -53,6 +53,9 @@ namespace tpushim::tools {
 //                      sim://?devices=N when it is unset (default 4)
 //   --step-ms F        modelled device compute per step, ms (default 5)
 //   --producers N      producer threads (default 2)
+//   --shapes           also hold a model-like set of shaped device buffers
+//                      on every device (tools/demo_shapes.h) and report
+//                      what they take in TPU's tiled layouts
 //   --json             one JSON object instead of tables
 //
 // Exit status (in context.exit_code): kExitOk when the run had no error;
@@ -81,6 +84,14 @@ namespace tpushim::tools {
 //              "producer_wait_share", "result_wait_share"},
 //    "input_bound", "input_wait_share", "input_bound_threshold",
 //    "input_bound_reason",     // one sentence, "input-bound: yes|no|n/a ..."
+//    "shapes": null, or with --shapes {"arrays", "divisor",
+//              "worst_padded": {"shape", "label", "size_bytes",
+//                               "unpadded_bytes", "expansion", "padding"},
+//              "array_transfers", "round_trips_exact",
+//              "devices": [{"name", "hbm_bytes", "buffers_live",
+//                           "padded_bytes_in_use", "unpadded_bytes_in_use",
+//                           "peak_padded_bytes", "peak_unpadded_bytes"}],
+//              "error"},
 //    "errors", "error_detail": {"hash_mismatches", "failed_transfers",
 //                               "failed_allocations", "first_error"},
 //    "logs": {"directory", "info_file"}}

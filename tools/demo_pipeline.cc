@@ -337,6 +337,12 @@ void Pipeline::Run() {
   for (; k < config_.steps; ++k) {
     // SIGINT or SIGTERM: the steps issued so far finish and are verified.
     if ((interrupted_by = InterruptSignal()) != 0) break;
+    if (step_hook_) {
+      absl::Status hooked = step_hook_(k);
+      if (!hooked.ok()) {
+        RecordError(&RunCounters::failed_allocations, "step buffers", hooked);
+      }
+    }
     // Slot k % 2 is free once step k-2's results are back; at most three
     // steps are unverified (which bounds the batches alive).
     const int64_t result_wait_start = NowNs();

@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -157,7 +158,7 @@ struct StepWork {
 
 // What a run measured; filled as it runs, complete after Pipeline::Run.
 struct RunCounters {
-  int64_t steps_run = 0;  // fewer than configured when interrupted
+  int64_t steps_run = 0;   // fewer than configured when interrupted
   int interrupted_by = 0;  // the signal that stopped the loop, else 0
   int64_t loop_ns = 0;
   int64_t producer_wait_ns = 0;  // the step loop waiting for a batch
@@ -204,6 +205,13 @@ class Pipeline {
   // and stops the pipeline's threads. Failures are counted, not returned.
   void Run();
 
+  // Called on the step loop at the start of each step with its number
+  // (--shapes allocates the step's activations); a failure is counted as a
+  // failed allocation.
+  void set_step_hook(absl::AnyInvocable<absl::Status(int64_t)> hook) {
+    step_hook_ = std::move(hook);
+  }
+
   RunCounters counters() const {
     MutexLock lock(&counters_mu_);
     return counters_;
@@ -229,6 +237,7 @@ class Pipeline {
 
   System& system_;
   const DemoConfig config_;
+  absl::AnyInvocable<absl::Status(int64_t)> step_hook_;
   int64_t loop_start_ns_ = 0;
 
   // in_[device][slot] holds the shard; out_[device][slot] the result of

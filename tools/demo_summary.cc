@@ -53,6 +53,36 @@ Json PathJson(const PathStats& p) {
           {"gbps", gbps.has_value() ? Json(*gbps) : Json(nullptr)}};
 }
 
+// --shapes as JSON: what the shaped buffers took per device.
+Json ShapesJson(const ShapesReport& r) {
+  Json devices = Json::array();
+  for (const DeviceStats& d : r.devices) {
+    devices.push_back({{"name", d.name},
+                       {"hbm_bytes", d.hbm_bytes},
+                       {"buffers_live", d.buffers_live},
+                       {"padded_bytes_in_use", d.padded_bytes_in_use},
+                       {"unpadded_bytes_in_use", d.unpadded_bytes_in_use},
+                       {"peak_padded_bytes", d.peak_padded_bytes},
+                       {"peak_unpadded_bytes", d.peak_unpadded_bytes}});
+  }
+  return {{"arrays", r.arrays},
+          {"divisor", r.divisor},
+          {"worst_padded",
+           {{"shape", r.worst_shape},
+            {"label", r.worst_label},
+            {"size_bytes", r.worst_padded},
+            {"unpadded_bytes", r.worst_unpadded},
+            {"expansion", r.worst_unpadded == 0
+                              ? Json(nullptr)
+                              : Json(static_cast<double>(r.worst_padded) /
+                                     static_cast<double>(r.worst_unpadded))},
+            {"padding", r.worst_hint}}},
+          {"array_transfers", r.array_transfers},
+          {"round_trips_exact", r.round_trips_exact},
+          {"devices", devices},
+          {"error", r.error.empty() ? Json(nullptr) : Json(r.error)}};
+}
+
 Json SummaryJson(const Summary& s) {
   Json transfers = Json::object();
   for (DmaDirection dir : kHostDirections) {
@@ -126,6 +156,7 @@ Json SummaryJson(const Summary& s) {
       {"input_wait_share", s.InputWaitShare()},
       {"input_bound_threshold", kInputBoundShare},
       {"input_bound_reason", s.InputBoundReason()},
+      {"shapes", s.shapes ? ShapesJson(*s.shapes) : Json(nullptr)},
       {"errors", run.errors()},
       {"error_detail",
        {{"hash_mismatches", run.hash_mismatches},
@@ -240,6 +271,42 @@ void PrintRun(const Summary& s, std::ostream& out) {
   }
 }
 
+// --shapes: device memory as a TPU's, per device.
+void PrintShapes(const ShapesReport& r, std::ostream& out) {
+  out << "\nShaped device memory (--shapes: " << r.arrays
+      << " arrays per device in TPU's default layouts";
+  if (r.divisor > 1) {
+    out << ", leading dimensions / " << r.divisor << " to fit the HBM";
+  }
+  out << ", and activations each step)\n";
+  TextTable table({"DEVICE", "BUFFERS", "PADDED IN USE", "UNPADDED",
+                   "PEAK PADDED", "PEAK UNPADDED", "HBM"});
+  for (const DeviceStats& d : r.devices) {
+    table.AddRow({d.name, absl::StrCat(d.buffers_live),
+                  HumanReadableBytes(d.padded_bytes_in_use),
+                  HumanReadableBytes(d.unpadded_bytes_in_use),
+                  HumanReadableBytes(d.peak_padded_bytes),
+                  HumanReadableBytes(d.peak_unpadded_bytes),
+                  HumanReadableBytes(d.hbm_bytes)});
+  }
+  table.Print(out);
+  if (!r.worst_shape.empty()) {
+    out << "The worst padded: " << r.worst_shape << " (" << r.worst_label
+        << ") takes " << HumanReadableBytes(r.worst_padded) << " for "
+        << HumanReadableBytes(r.worst_unpadded) << " of data ("
+        << absl::StrFormat("%.1fx", static_cast<double>(r.worst_padded) /
+                                        static_cast<double>(std::max<uint64_t>(
+                                            1, r.worst_unpadded)))
+        << "): " << r.worst_hint << ".\n";
+  }
+  out << "Array transfers (dense host bytes <-> tiles): " << r.array_transfers
+      << ", round trips "
+      << (r.round_trips_exact ? "bit-exact" : "NOT bit-exact") << ".\n";
+  if (!r.error.empty()) out << "Failed: " << r.error << "\n";
+  out << "Over time: TPUSHIM_MEMORY_PROFILE=/tmp/mem.jsonl tpushim demo "
+         "--shapes, then tpushim memory /tmp/mem.jsonl --plot mem.png\n";
+}
+
 void PrintSummary(const Summary& s, std::ostream& out) {
   const RunCounters& run = s.run;
   const DemoConfig& c = s.config;
@@ -290,6 +357,7 @@ void PrintSummary(const Summary& s, std::ostream& out) {
     out << "The region is not mlocked: " << s.not_locked_reason << "\n";
   }
   if (c.steps > 0 && run.loop_ns > 0) PrintRun(s, out);
+  if (s.shapes) PrintShapes(*s.shapes, out);
   out << "\n" << s.InputBoundReason() << "\n";
 
   out << "\nErrors\n";

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "tools/demo_pipeline.h"
+#include "tools/demo_shapes.h"
 #include "tpushim/stats.h"
 #include "tpushim/system.h"
 
@@ -40,6 +42,8 @@ struct Summary {
   // --steps as given; config.steps is the steps that ran (fewer when a
   // signal stopped the loop, run.interrupted_by).
   int64_t steps_requested = 0;
+  // --shapes: the shaped device buffers and what they took.
+  std::optional<ShapesReport> shapes;
 
   // Mean over devices.
   double DeviceWaitSeconds() const { return Mean(run.device_wait_ns); }

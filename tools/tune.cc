@@ -24,6 +24,7 @@
 #include "env/device_url.h"
 #include "nlohmann/json.hpp"
 #include "tools/flags.h"
+#include "tools/gnuplot.h"
 #include "tools/interrupt.h"
 #include "tools/progress.h"
 #include "tools/text_table.h"
@@ -36,7 +37,6 @@ namespace {
 
 using tune_internal::Aggregate;
 using tune_internal::CheckInitArgs;
-using tune_internal::FindGnuplot;
 using tune_internal::GetEnv;
 using tune_internal::Json;
 using tune_internal::kSizeVariable;
@@ -355,18 +355,9 @@ void RunTune(const TuneFlags& flags, CommandContext& context) {
   if (!device.ok()) return usage(device.status());
   std::optional<std::string> gnuplot;
   if (!flags.plot.empty()) {
-    if (!absl::EndsWith(flags.plot, ".svg") &&
-        !absl::EndsWith(flags.plot, ".png")) {
-      return usage(absl::InvalidArgumentError(absl::StrCat(
-          "--plot=", flags.plot, ": the file must end in .svg or .png")));
-    }
-    gnuplot = FindGnuplot();
-    if (!gnuplot) {
-      return usage(absl::FailedPreconditionError(
-          "--plot needs gnuplot, which is not installed (not found on PATH); "
-          "install it with `apt-get install gnuplot-nox` (scripts/setup.sh "
-          "does) or drop --plot"));
-    }
+    absl::StatusOr<std::string> found = GnuplotForPlot(flags.plot);
+    if (!found.ok()) return usage(found.status());
+    gnuplot = *found;
   }
   absl::StatusOr<std::string> self = SelfPath();
   if (!self.ok()) {

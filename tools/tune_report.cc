@@ -25,6 +25,7 @@
 #include "common/human_bytes.h"
 #include "common/subprocess.h"
 #include "nlohmann/json.hpp"
+#include "tools/gnuplot.h"
 #include "tools/text_table.h"
 #include "tools/tune_workload.h"
 
@@ -253,40 +254,12 @@ void PrintTable(const std::vector<Point>& points, const Workload& w,
 // ---- Plot
 // ------------------------------------------------------------------------------
 
-absl::Status WriteFile(const std::string& path, const std::string& text) {
-  errno = 0;
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out << text;
-  out.close();
-  if (!out) {
-    return absl::ErrnoToStatus(errno == 0 ? EIO : errno,
-                               absl::StrCat("cannot write ", path));
-  }
-  return absl::OkStatus();
-}
-
 // Writes `file` (.svg or .png) with gnuplot: throughput and start-up time
 // against the size (log2 axis), one line per threshold, RESOURCE_EXHAUSTED
 // points marked. Region-off and failed points are left out.
 absl::Status Plot(const std::vector<Point>& points, const Workload& w,
                   const std::string& device, const std::string& gnuplot,
                   const std::string& file) {
-  std::string dir_template = absl::StrCat(GetEnv("TMPDIR").value_or("/tmp"),
-                                          "/tpushim-tune-plot.XXXXXX");
-  if (mkdtemp(dir_template.data()) == nullptr) {
-    return absl::ErrnoToStatus(errno,
-                               absl::StrCat("mkdtemp(", dir_template, ")"));
-  }
-  const std::string dir = dir_template;
-  const std::string data = dir + "/points.dat";
-  const std::string marks = dir + "/exhausted.dat";
-  const std::string script = dir + "/plot.gp";
-  // gnuplot writes here and the file is copied to `file` with every write
-  // checked: gnuplot does not report a failed write (a full disk), and the
-  // user's path needs no quoting in the script.
-  const bool png = absl::EndsWith(file, ".png");
-  const std::string image = dir + (png ? "/plot.png" : "/plot.svg");
-
   std::vector<std::string> labels;  // one data block per threshold setting
   std::map<std::string, std::vector<const Point*>> blocks;
   std::vector<std::pair<uint64_t, std::string>> tics;
@@ -318,7 +291,6 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
     data_text << "\n\n";
   }
   if (labels.empty()) {
-    rmdir(dir.c_str());
     return absl::FailedPreconditionError(
         "no point with the region on ran, so there is nothing to plot");
   }
@@ -327,69 +299,44 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
   for (const auto& [bytes, name] : tics) {
     tic_list.push_back(absl::StrCat("\"", name, "\" ", bytes));
   }
-  std::ostringstream gp;
-  gp << (png ? "set terminal pngcairo size 1000,800 font 'sans,10'\n"
-             : "set terminal svg size 1000,800 dynamic font 'sans,11' "
-               "background '#ffffff'\n");
-  gp << "set output '" << image << "'\n"
-     << "set termoption noenhanced\n"
-     << "set multiplot layout 2,1 title \"tpushim tune\\n"
-     << absl::StrReplaceAll(WorkloadSummary(w, device), {{"\"", "'"}})
-     << "\" font ',10'\n"
-     << "set logscale x 2\n"
-     << "set xtics (" << absl::StrJoin(tic_list, ", ")
-     << ")\n"
-     // Room on both sides so the end points and their labels show.
-     << "set xrange [" << tics.front().first / 1.5 << ":"
-     << static_cast<double>(tics.back().first) * 1.5 << "]\n"
-     << "set xlabel 'TPU_PREMAPPED_BUFFER_SIZE'\n"
-     << "set grid\n"
-     << "set key top left inside opaque box Left reverse\n"
-     << "set yrange [0:*]\n";
-  for (const auto& [column, ylabel] :
-       {std::pair<int, const char*>{2, "throughput (GB/s)"},
-        std::pair<int, const char*>{3, "start-up (s)"}}) {
-    gp << "set ylabel '" << ylabel << "'\n"
-       << "plot for [i=0:" << labels.size() - 1 << "] '" << data
-       << "' index i using 1:" << column
-       << " with linespoints lw 2 pt 7 title columnheader(1)";
-    if (any_marks) {
-      gp << ", '" << marks << "' using 1:" << column
-         << " with points pt 2 ps 2 lw 2 lc rgb 'red' title "
-            "'RESOURCE_EXHAUSTED'";
+  auto script = [&](const std::string& dir) {
+    const std::string data = dir + "/points.dat";
+    const std::string marks = dir + "/exhausted.dat";
+    std::ostringstream gp;
+    gp << "set multiplot layout 2,1 title \"tpushim tune\\n"
+       << absl::StrReplaceAll(WorkloadSummary(w, device), {{"\"", "'"}})
+       << "\" font ',10'\n"
+       << "set logscale x 2\n"
+       << "set xtics (" << absl::StrJoin(tic_list, ", ")
+       << ")\n"
+       // Room on both sides so the end points and their labels show.
+       << "set xrange [" << tics.front().first / 1.5 << ":"
+       << static_cast<double>(tics.back().first) * 1.5 << "]\n"
+       << "set xlabel 'TPU_PREMAPPED_BUFFER_SIZE'\n"
+       << "set grid\n"
+       << "set key top left inside opaque box Left reverse\n"
+       << "set yrange [0:*]\n";
+    for (const auto& [column, ylabel] :
+         {std::pair<int, const char*>{2, "throughput (GB/s)"},
+          std::pair<int, const char*>{3, "start-up (s)"}}) {
+      gp << "set ylabel '" << ylabel << "'\n"
+         << "plot for [i=0:" << labels.size() - 1 << "] '" << data
+         << "' index i using 1:" << column
+         << " with linespoints lw 2 pt 7 title columnheader(1)";
+      if (any_marks) {
+        gp << ", '" << marks << "' using 1:" << column
+           << " with points pt 2 ps 2 lw 2 lc rgb 'red' title "
+              "'RESOURCE_EXHAUSTED'";
+      }
+      gp << "\n";
     }
-    gp << "\n";
-  }
-  gp << "unset multiplot\n";
-
-  absl::Status status = WriteFile(data, data_text.str());
-  if (status.ok()) status = WriteFile(marks, marks_text.str());
-  if (status.ok()) status = WriteFile(script, gp.str());
-  if (status.ok()) {
-    absl::StatusOr<SubprocessResult> r = RunSubprocess(
-        gnuplot, {script}, {absl::StrCat("PATH=", GetEnv("PATH").value_or(""))},
-        absl::Seconds(60));
-    if (!r.ok()) {
-      status = r.status();
-    } else if (r->exit_code != 0) {
-      status = absl::InternalError(absl::StrCat(
-          "gnuplot failed (exit ", r->exit_code, "): ", Tail(r->err, 5)));
-    }
-  }
-  if (status.ok()) {
-    std::ifstream in(image, std::ios::binary);
-    std::ostringstream contents;
-    contents << in.rdbuf();
-    if (!in || contents.str().empty()) {
-      status = absl::InternalError(
-          absl::StrCat("gnuplot wrote no image (", image, ")"));
-    } else {
-      status = WriteFile(file, contents.str());
-    }
-  }
-  for (const std::string& f : {data, marks, script, image}) unlink(f.c_str());
-  rmdir(dir.c_str());
-  return status;
+    gp << "unset multiplot\n";
+    return gp.str();
+  };
+  return RenderPlot(
+      gnuplot, file, PlotSize{1000, 800},
+      {{"points.dat", data_text.str()}, {"exhausted.dat", marks_text.str()}},
+      script);
 }
 
 }  // namespace tpushim::tools::tune_internal

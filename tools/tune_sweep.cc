@@ -113,15 +113,6 @@ absl::StatusOr<std::string> SelfPath() {
 }
 
 // The executable gnuplot on PATH, if any.
-std::optional<std::string> FindGnuplot() {
-  const std::string path = GetEnv("PATH").value_or("/usr/bin:/bin");
-  for (absl::string_view dir : absl::StrSplit(path, ':', absl::SkipEmpty())) {
-    std::string candidate = absl::StrCat(dir, "/gnuplot");
-    if (access(candidate.c_str(), X_OK) == 0) return candidate;
-  }
-  return std::nullopt;
-}
-
 // ---- Points
 // ---------------------------------------------------------------------------
 

@@ -74,8 +74,6 @@ absl::StatusOr<std::string> PointDeviceUrl(const Workload& w);
 absl::Status CheckInitArgs();
 // This executable, which runs each point as `tpushim tune-point`.
 absl::StatusOr<std::string> SelfPath();
-// gnuplot's path on PATH, if installed.
-std::optional<std::string> FindGnuplot();
 
 // Points in size order, thresholds ascending then `default`; combinations
 // the runtime would clamp (threshold >= size) fold into `default`, and are

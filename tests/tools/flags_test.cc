@@ -88,6 +88,7 @@ const std::map<std::pair<std::string, std::string>, Kind>& Flags() {
           {{"stress", "--shrink"}, Kind::kText},
           {{"stress", "--shrink-seconds"}, Kind::kNumber},
           {{"shape", "--hbm"}, Kind::kNumber},
+          {{"memory", "--plot"}, Kind::kText},
       };
   return *flags;
 }
@@ -290,7 +291,7 @@ TEST(CliTest, UnknownSubcommandsAndFlagsGetADidYouMean) {
        "tpushim: unknown subcommand \"stres\"; did you mean stress?"},
       {{"frobnicate"},
        "tpushim: unknown subcommand \"frobnicate\" (subcommands: info, demo, "
-       "bench, tune, stress, shape)"},
+       "bench, tune, stress, shape, memory)"},
       {{"demo", "--step-m", "3"},
        "tpushim demo: unknown flag --step-m; did you mean --step-ms?"},
       {{"bench", "--secnods=1"},
