@@ -3,7 +3,8 @@
 //
 // The file is JSON Lines, one object per line:
 //
-//   {"tpushim_memory_profile":1,"pid":4242,"started":"2026-11-26T15:30:00Z",
+//   {"tpushim_memory_profile":1,"pid":4242,
+//    "started":"2026-11-26T15:30:00+00:00",
 //    "devices":[{"name":"sim:0","hbm_bytes":17179869184,"granule":64}]}
 //   {"t":0.000412,"event":"alloc","device":0,"id":1,"device_bytes":512000,
 //    "padded_bytes":512000,"unpadded_bytes":40000,
