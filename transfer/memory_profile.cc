@@ -1,5 +1,6 @@
 #include "transfer/memory_profile.h"
 
+#include <set>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -12,6 +13,32 @@ namespace tpushim {
 namespace {
 
 constexpr size_t kFlushBytes = size_t{64} << 10;
+
+// The paths the profiles of this process have open.
+Mutex& OpenPathsMutex() {
+  static Mutex* mu = new Mutex;
+  return *mu;
+}
+std::set<std::string>& OpenPaths() {
+  static auto* paths = new std::set<std::string>;
+  return *paths;
+}
+
+// `path`, or the first free "<path>.N", now taken.
+std::string TakePath(const std::string& path) {
+  MutexLock lock(&OpenPathsMutex());
+  std::string taken = path;
+  for (int n = 2; OpenPaths().count(taken) > 0; ++n) {
+    taken = absl::StrCat(path, ".", n);
+  }
+  OpenPaths().insert(taken);
+  return taken;
+}
+
+void ReleasePath(const std::string& path) {
+  MutexLock lock(&OpenPathsMutex());
+  OpenPaths().erase(path);
+}
 
 using Json = nlohmann::ordered_json;
 
@@ -30,10 +57,18 @@ Json BufferJson(const MemoryProfile::Buffer& b, const char* event) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<MemoryProfile>> MemoryProfile::Create(
-    const std::string& path, Os* os, int64_t origin_ns,
+    const std::string& given, Os* os, int64_t origin_ns,
     const std::vector<DeviceEntry>& devices) {
+  const std::string path = TakePath(given);
+  if (path != given) {
+    LOG(WARNING) << "TPUSHIM_MEMORY_PROFILE=" << given
+                 << " is being written by another system of this process; "
+                    "this one's profile goes to "
+                 << path;
+  }
   absl::StatusOr<int> fd = os->CreateOutputFile(path);
   if (!fd.ok()) {
+    ReleasePath(path);
     return absl::Status(
         fd.status().code(),
         absl::StrCat("TPUSHIM_MEMORY_PROFILE=", path,
@@ -52,6 +87,7 @@ absl::StatusOr<std::unique_ptr<MemoryProfile>> MemoryProfile::Create(
   absl::Status written = os->WriteAll(*fd, line.data(), line.size());
   if (!written.ok()) {
     (void)os->Close(*fd);
+    ReleasePath(path);
     return absl::Status(
         written.code(),
         absl::StrCat("TPUSHIM_MEMORY_PROFILE=", path,
@@ -134,6 +170,7 @@ absl::Status MemoryProfile::Close() {
       write_error_ = s;
       LOG(ERROR) << "Closing the memory profile " << path_ << " failed: " << s;
     }
+    ReleasePath(path_);
   }
   return write_error_;
 }

@@ -20,6 +20,11 @@
 // shut-down are freed then and recorded as such, and `end` closes a
 // complete profile; a profile without it was cut short (the process died).
 //
+// Two systems of one process given the same path would truncate and
+// interleave one file: the second one's profile goes to "<path>.2" (the
+// third's to "<path>.3", ...), with a WARNING naming it; a path is free
+// again once its profile is closed.
+//
 // Records are appended to a buffer under the caller's lock, in the order
 // the allocations and frees happened, and written by Flush() — which the
 // engine calls after it released its lock — once 64 KiB are pending, at
@@ -64,7 +69,8 @@ class MemoryProfile {
     absl::string_view op_metadata;
   };
 
-  // Creates (or truncates) `path` and writes the header line. The error
+  // Creates (or truncates) `path` (or, when another profile of this
+  // process has it open, "<path>.N") and writes the header line. The error
   // names the variable and the path.
   static absl::StatusOr<std::unique_ptr<MemoryProfile>> Create(
       const std::string& path, Os* os, int64_t origin_ns,
@@ -73,6 +79,7 @@ class MemoryProfile {
   MemoryProfile(const MemoryProfile&) = delete;
   MemoryProfile& operator=(const MemoryProfile&) = delete;
 
+  // The file written, which may be "<path>.N".
   const std::string& path() const { return path_; }
 
   // Append a record stamped now; each returns true when Flush() is due.

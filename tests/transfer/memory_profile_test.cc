@@ -126,6 +126,36 @@ TEST(MemoryProfileTest, AFullDiskFailsTheStartByName) {
               HasSubstr("TPUSHIM_MEMORY_PROFILE=/dev/full: cannot write"));
 }
 
+// Two engines of one process given the same file: the second writes
+// "<path>.2" instead of truncating and interleaving the first's; the path
+// is free again once its profile is closed.
+TEST(MemoryProfileTest, ASecondSystemWithTheSamePathWritesPathDot2) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("profile.jsonl");
+  auto first = MakeRig(path);
+  auto second = MakeRig(path);
+  ASSERT_NE(first, nullptr);
+  ASSERT_NE(second, nullptr);
+  ASSERT_TRUE(first->engine().Allocate(0, 100).ok());
+  ASSERT_TRUE(second->engine().Allocate(0, 200).ok());
+  ASSERT_TRUE(second->engine().Allocate(0, 300).ok());
+  EXPECT_EQ(first->TearDownAndReport(), "");
+  EXPECT_EQ(second->TearDownAndReport(), "");
+  const std::vector<Json> one = ReadLines(path);
+  const std::vector<Json> two = ReadLines(path + ".2");
+  // header, alloc, free, end; header, 2 x alloc, 2 x free, end
+  ASSERT_EQ(one.size(), 4u);
+  ASSERT_EQ(two.size(), 6u);
+  EXPECT_EQ(one[1]["padded_bytes"], 100);
+  EXPECT_EQ(two[1]["padded_bytes"], 200);
+  EXPECT_EQ(one.back()["event"], "end");
+  EXPECT_EQ(two.back()["event"], "end");
+  auto third = MakeRig(path);
+  ASSERT_NE(third, nullptr);
+  EXPECT_EQ(third->TearDownAndReport(), "");
+  EXPECT_EQ(ReadLines(path).size(), 2u);  // truncated and rewritten
+}
+
 // More records than one buffer holds, from several threads, some of them
 // failed requests (four f32[100,600] take 1.02M of the 1M device): every
 // record reaches the file, each free after its alloc, and the bytes in use
