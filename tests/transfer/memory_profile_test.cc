@@ -1,6 +1,9 @@
 // TPUSHIM_MEMORY_PROFILE: what the transfer engine records about device
 // memory, in what order, and what happens when the file cannot be written.
 
+#include <signal.h>
+#include <sys/resource.h>
+
 #include <atomic>
 #include <cstdint>
 #include <map>
@@ -124,6 +127,46 @@ TEST(MemoryProfileTest, AFullDiskFailsTheStartByName) {
   ASSERT_FALSE(rig.ok());
   EXPECT_THAT(rig.status().message(),
               HasSubstr("TPUSHIM_MEMORY_PROFILE=/dev/full: cannot write"));
+}
+
+// A write that fails part-way (here the file-size limit, as a full disk
+// would) ends the recording with one ERROR; the runtime goes on, and the
+// file keeps the whole records written before.
+TEST(MemoryProfileTest, AFailedWriteEndsTheRecordingNotTheRuntime) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("profile.jsonl");
+  auto rig = MakeRig(path);
+  ASSERT_NE(rig, nullptr);
+  struct rlimit old_limit;
+  ASSERT_EQ(getrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  struct rlimit limit = old_limit;
+  limit.rlim_cur = 100 << 10;  // the header and the first 64 KiB fit
+  void (*old_handler)(int) = signal(SIGXFSZ, SIG_IGN);
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &limit), 0);
+  // About 150 bytes a record: 2,000 pairs are 600 KiB, several flushes.
+  int allocated = 0;
+  for (int i = 0; i < 2000; ++i) {
+    absl::StatusOr<DeviceBuffer> b = rig->engine().Allocate(0, 4096);
+    if (!b.ok()) continue;
+    ++allocated;
+    ASSERT_TRUE(rig->engine().Deallocate(*b).value().Await().ok());
+  }
+  EXPECT_EQ(allocated, 2000);
+  EXPECT_EQ(rig->TearDownAndReport(), "");
+  ASSERT_EQ(setrlimit(RLIMIT_FSIZE, &old_limit), 0);
+  signal(SIGXFSZ, old_handler);
+
+  const std::string text = testutil::ReadFileOrEmpty(path);
+  EXPECT_LE(text.size(), size_t{100} << 10);
+  EXPECT_GE(text.size(), size_t{64} << 10);
+  // Whole lines up to the last newline, then at most a cut-off one.
+  std::istringstream in(text.substr(0, text.rfind('\n') + 1));
+  int lines = 0;
+  for (std::string line; std::getline(in, line); ++lines) {
+    EXPECT_FALSE(Json::parse(line, nullptr, false).is_discarded()) << line;
+  }
+  EXPECT_GT(lines, 300);
+  EXPECT_EQ(text.find("\"end\""), std::string::npos);
 }
 
 // Two engines of one process given the same file: the second writes
