@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/human_bytes.h"
+#include "common/saturating.h"
 
 namespace tpushim {
 namespace {
@@ -54,11 +55,11 @@ std::string FormatHbmReport(uint64_t capacity_bytes,
   uint64_t padded = 0;
   uint64_t unpadded = 0;
   for (const HbmBuffer& b : buffers) {
-    used += std::max(b.held_bytes, b.padded_bytes);
-    padded += b.padded_bytes;
-    unpadded += b.unpadded_bytes;
+    used = SaturatingAdd(used, std::max(b.held_bytes, b.padded_bytes));
+    padded = SaturatingAdd(padded, b.padded_bytes);
+    unpadded = SaturatingAdd(unpadded, b.unpadded_bytes);
   }
-  const uint64_t fragmentation = used - padded;
+  const uint64_t fragmentation = used > padded ? used - padded : 0;
   std::string out = absl::StrCat("Ran out of memory in memory space hbm. Used ",
                                  HumanReadableBytes(used), " of ",
                                  HumanReadableBytes(capacity_bytes), " hbm. ");

@@ -114,16 +114,30 @@ absl::Status ShapedModel::MoveArrays(int device, const DeviceBuffer& one_hot,
   std::vector<uint32_t> weights(kernel.host_size() / sizeof(uint32_t));
   Fill(up, 2 * device + 1);
   Fill(weights, 2 * device + 2);
-  TPUSHIM_ASSIGN_OR_RETURN(Event e1,
-                           system_.TransferArrayToDevice(up.data(), one_hot));
-  TPUSHIM_ASSIGN_OR_RETURN(
-      Event e2, system_.TransferArrayToDevice(weights.data(), kernel));
   std::vector<uint32_t> back(up.size());
-  TPUSHIM_ASSIGN_OR_RETURN(
-      Event e3, system_.TransferArrayFromDevice(one_hot, back.data(), {e1}));
-  TPUSHIM_RETURN_IF_ERROR(e2.Await());
-  TPUSHIM_RETURN_IF_ERROR(e3.Await());
-  report_.array_transfers += 3;
+  // Every transfer submitted is awaited before the host arrays go, whatever
+  // failed; the first error is returned.
+  std::vector<Event> submitted;
+  absl::Status status;
+  auto submit = [&](absl::StatusOr<Event> e) {
+    if (!e.ok()) {
+      if (status.ok()) status = e.status();
+      return;
+    }
+    submitted.push_back(*e);
+  };
+  submit(system_.TransferArrayToDevice(up.data(), one_hot));
+  submit(system_.TransferArrayToDevice(weights.data(), kernel));
+  if (status.ok()) {
+    submit(system_.TransferArrayFromDevice(one_hot, back.data(),
+                                           {submitted.front()}));
+  }
+  for (Event& e : submitted) {
+    absl::Status done = e.Await();
+    if (status.ok()) status = done;
+  }
+  report_.array_transfers += submitted.size();
+  TPUSHIM_RETURN_IF_ERROR(status);
   if (std::memcmp(up.data(), back.data(), up.size() * sizeof(uint32_t)) != 0) {
     report_.round_trips_exact = false;
     return absl::DataLossError(absl::StrCat("the array ", one_hot.shape(),

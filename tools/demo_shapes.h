@@ -11,10 +11,11 @@
 //   loss/one_hot            s32[65536,10]       32.00M for 2.50M of data
 //   activations/step_<k>    bf16[64,128,1024]   one per step, freed at the next
 //   grads/all_reduce        f32[1024,4096]      every 4th step, until the next
-// The leading dimensions are halved until the whole set takes at most a
-// quarter of the device's HBM. The one-hot tensor and the first kernel go
-// up with array transfers (the relayout into tiles) and the one-hot tensor
-// comes back and is compared with what went up.
+// The leading dimensions are halved (at most ten times) until the whole
+// set takes at most a quarter of the smallest device's HBM; on a device of
+// a few MiB it still does not fit, and Load says so. The one-hot tensor and the
+// first kernel go up with array transfers (the relayout into tiles) and the
+// one-hot tensor comes back and is compared with what went up.
 //
 // Thread-safety: Load and Release on one thread; Step on the demo's step
 // loop (one thread).

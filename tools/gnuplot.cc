@@ -63,6 +63,22 @@ absl::StatusOr<std::string> GnuplotForPlot(const std::string& file) {
   return *gnuplot;
 }
 
+std::string GnuplotString(absl::string_view text) {
+  std::string out = "'";
+  for (const char c : text) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\'') {
+      out += "''";
+    } else if (u < 0x20 || u == 0x7f) {
+      out += '?';
+    } else {
+      out += c;
+    }
+  }
+  out += "'";
+  return out;
+}
+
 absl::Status WriteWholeFile(const std::string& path, const std::string& text) {
   errno = 0;
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
@@ -97,7 +113,7 @@ absl::Status RenderPlot(
              : absl::StrCat("set terminal svg size ", size.width, ",",
                             size.height,
                             " dynamic font 'sans,11' background '#ffffff'\n"))
-     << "set output '" << image << "'\n"
+     << "set output " << GnuplotString(image) << "\n"
      << "set termoption noenhanced\n"
      << script(dir);
 

@@ -23,6 +23,7 @@
 #include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace tpushim::tools {
 
@@ -46,6 +47,13 @@ absl::Status RenderPlot(
     const std::string& gnuplot, const std::string& file, PlotSize size,
     const std::vector<std::pair<std::string, std::string>>& data,
     absl::FunctionRef<std::string(const std::string& dir)> script);
+
+// `text` as a gnuplot string literal: in single quotes (which gnuplot
+// takes as they are, no escapes), a quote doubled, and any control
+// character (a newline would end the command and start another) replaced
+// by '?'. Every text from outside (file names, device names) goes into a
+// script through it.
+std::string GnuplotString(absl::string_view text);
 
 // Writes `text` to `path`, checking the write and the close.
 absl::Status WriteWholeFile(const std::string& path, const std::string& text);

@@ -14,8 +14,8 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
-#include "absl/strings/str_replace.h"
 #include "common/human_bytes.h"
+#include "common/saturating.h"
 #include "device/hbm_report.h"
 #include "device/xla_shape.h"
 #include "tools/gnuplot.h"
@@ -284,7 +284,7 @@ absl::Status Plot(const ProfileSummary& s, const MemoryFlags& flags,
           [](double t, const MemorySample& m) { return t < m.t; });
       const uint64_t in_use =
           after == d.samples.begin() ? 0 : std::prev(after)->padded_bytes;
-      const uint64_t wanted = in_use + b.padded_bytes;
+      const uint64_t wanted = SaturatingAdd(in_use, b.padded_bytes);
       top = std::max(top, wanted);
       failed << absl::StrFormat("%.6f %.6f\n", b.t,
                                 static_cast<double>(wanted) / scale.unit);
@@ -298,10 +298,9 @@ absl::Status Plot(const ProfileSummary& s, const MemoryFlags& flags,
 
   auto script = [&](const std::string& dir) {
     std::ostringstream gp;
-    gp << "set multiplot layout " << panels.size()
-       << ",1 title \"tpushim memory: "
-       << absl::StrReplaceAll(flags.profile, {{"\"", "'"}, {"\\", "/"}})
-       << "\" font ',11'\n"
+    gp << "set multiplot layout " << panels.size() << ",1 title "
+       << GnuplotString(absl::StrCat("tpushim memory: ", flags.profile))
+       << " font ',11'\n"
        << "set grid\n"
        << "set key top left inside horizontal opaque\n"
        << "set xlabel 'time (s)'\n"
@@ -312,14 +311,16 @@ absl::Status Plot(const ProfileSummary& s, const MemoryFlags& flags,
       const std::string hbm = absl::StrCat(
           "hbm ", HumanReadableBytes(d.hbm_bytes),
           scale.capacity_shown ? "" : " (far above: not to scale)");
-      gp << "set title '" << absl::StrReplaceAll(d.name, {{"'", "''"}})
-         << ": peak " << HumanReadableBytes(d.peak_padded_bytes) << " padded, "
-         << HumanReadableBytes(d.peak_unpadded_bytes) << " unpadded at "
-         << absl::StrFormat("%.3f", d.peak_t) << " s'\n"
+      gp << "set title "
+         << GnuplotString(absl::StrCat(
+                d.name, ": peak ", HumanReadableBytes(d.peak_padded_bytes),
+                " padded, ", HumanReadableBytes(d.peak_unpadded_bytes),
+                " unpadded at ", absl::StrFormat("%.3f", d.peak_t), " s"))
+         << "\n"
          << "set ylabel '" << scale.name << " in use'\n"
          << "set yrange [0:" << scale.ymax << "]\n"
-         << "plot '" << dir << "/samples" << p
-         << ".dat' using 1:2 with fillsteps fs solid 0.35 lc rgb '#4477aa' "
+         << "plot " << GnuplotString(absl::StrCat(dir, "/samples", p, ".dat"))
+         << " using 1:2 with fillsteps fs solid 0.35 lc rgb '#4477aa' "
             "title 'padded (what the device holds)', "
          << "'' using 1:3 with steps lw 2 lc rgb '#228833' "
             "title 'unpadded (the data)', ";
@@ -330,8 +331,8 @@ absl::Status Plot(const ProfileSummary& s, const MemoryFlags& flags,
         gp << "NaN with lines dt 2 lw 2 lc rgb '#cc3311' title '" << hbm << "'";
       }
       if (!d.failed.empty()) {
-        gp << ", '" << dir << "/failed" << p
-           << ".dat' using 1:2 with points pt 2 ps 2 lw 2 lc rgb '#cc3311' "
+        gp << ", " << GnuplotString(absl::StrCat(dir, "/failed", p, ".dat"))
+           << " using 1:2 with points pt 2 ps 2 lw 2 lc rgb '#cc3311' "
               "title 'failed request (in use + request)'";
       }
       gp << "\n";

@@ -1,12 +1,16 @@
 #include "tools/memory_profile_reader.h"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdint>
 #include <map>
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 #include "nlohmann/json.hpp"
 
 namespace tpushim::tools {
@@ -77,8 +81,12 @@ bool LargerFirst(const ProfiledBuffer& a, const ProfiledBuffer& b) {
 absl::StatusOr<ProfileSummary> ReadMemoryProfile(absl::string_view text) {
   ProfileSummary s;
   std::vector<absl::string_view> lines = absl::StrSplit(text, '\n');
-  // A file that ends in '\n' splits into a last empty piece.
-  if (!lines.empty() && lines.back().empty()) lines.pop_back();
+  // Lines as written on another system end in "\r\n"; blank lines (a file
+  // ending in '\n' splits into a last empty piece) carry nothing.
+  for (absl::string_view& line : lines) absl::ConsumeSuffix(&line, "\r");
+  while (!lines.empty() && absl::StripAsciiWhitespace(lines.back()).empty()) {
+    lines.pop_back();
+  }
   if (lines.empty()) {
     return absl::InvalidArgumentError(
         "the file is empty; TPUSHIM_MEMORY_PROFILE writes a header line "
@@ -126,6 +134,7 @@ absl::StatusOr<ProfileSummary> ReadMemoryProfile(absl::string_view text) {
   for (size_t i = 1; i < lines.size(); ++i) {
     const size_t line = i + 1;
     const bool last = i + 1 == lines.size();
+    if (absl::StripAsciiWhitespace(lines[i]).empty()) continue;
     const Json j = Json::parse(lines[i], nullptr, false);
     if (j.is_discarded() || !j.is_object()) {
       if (last && !ends_in_newline) {
@@ -136,7 +145,8 @@ absl::StatusOr<ProfileSummary> ReadMemoryProfile(absl::string_view text) {
     }
     if (s.complete) return LineError(line, "a record after the end record");
     ++s.records;
-    if (!j.contains("t") || !j["t"].is_number() || j["t"].get<double>() < 0) {
+    if (!j.contains("t") || !j["t"].is_number() ||
+        !std::isfinite(j["t"].get<double>()) || j["t"].get<double>() < 0) {
       return LineError(line, "\"t\" is missing or not a time");
     }
     const double t = j["t"].get<double>();
@@ -174,6 +184,10 @@ absl::StatusOr<ProfileSummary> ReadMemoryProfile(absl::string_view text) {
       absl::StatusOr<ProfiledBuffer> b = BufferOf(j, t, line, true);
       if (!b.ok()) return b.status();
       const uint64_t id = b->id;
+      if (b->padded_bytes > UINT64_MAX - now.padded_bytes ||
+          b->unpadded_bytes > UINT64_MAX - now.unpadded_bytes) {
+        return LineError(line, "the bytes in use would pass 2^64");
+      }
       now.padded_bytes += b->padded_bytes;
       now.unpadded_bytes += b->unpadded_bytes;
       ++now.buffers;

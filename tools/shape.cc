@@ -215,8 +215,11 @@ void RunShape(const ShapeFlags& flags, CommandContext& context) {
     g.text = arg.substr(0, eq);
     if (eq != std::string::npos) g.label = arg.substr(eq + 1);
     absl::StatusOr<Shape> shape = ParseShape(g.text);
-    if (!shape.ok()) {
-      ReportError(shape.status(), "bad shape", flags.json, kExitUsage, context);
+    // Each array's size fits 64 bits once parsed; a tuple's total may not.
+    absl::Status sized =
+        shape.ok() ? ComputeSizes(*shape).status() : shape.status();
+    if (!sized.ok()) {
+      ReportError(sized, "bad shape", flags.json, kExitUsage, context);
       return;
     }
     g.shape = *std::move(shape);
@@ -233,6 +236,11 @@ void RunShape(const ShapeFlags& flags, CommandContext& context) {
     if (!fits.ok() && !hbm.contains("fits")) {
       ReportError(fits, "the simulated device did not start", flags.json,
                   kExitFailure, context);
+      return;
+    }
+    if (absl::IsInvalidArgument(fits)) {
+      // Parsed, but no device buffer can hold it (an array of no elements).
+      ReportError(fits, "bad shape", flags.json, kExitUsage, context);
       return;
     }
   }

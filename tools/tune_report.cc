@@ -320,11 +320,11 @@ absl::Status Plot(const std::vector<Point>& points, const Workload& w,
          {std::pair<int, const char*>{2, "throughput (GB/s)"},
           std::pair<int, const char*>{3, "start-up (s)"}}) {
       gp << "set ylabel '" << ylabel << "'\n"
-         << "plot for [i=0:" << labels.size() - 1 << "] '" << data
-         << "' index i using 1:" << column
+         << "plot for [i=0:" << labels.size() - 1 << "] " << GnuplotString(data)
+         << " index i using 1:" << column
          << " with linespoints lw 2 pt 7 title columnheader(1)";
       if (any_marks) {
-        gp << ", '" << marks << "' using 1:" << column
+        gp << ", " << GnuplotString(marks) << " using 1:" << column
            << " with points pt 2 ps 2 lw 2 lc rgb 'red' title "
               "'RESOURCE_EXHAUSTED'";
       }

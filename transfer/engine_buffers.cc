@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/saturating.h"
 #include "common/status_macros.h"
 #include "device/hbm_report.h"
 #include "logging/log.h"
@@ -129,9 +130,7 @@ absl::StatusOr<DeviceBuffer> Engine::AllocateLive(
 std::string Engine::HbmReport(const Allocation& request) const {
   const Device& dev = *devices_[request.device];
   const uint64_t granule = std::max<uint64_t>(1, dev.GetMemoryStats().granule);
-  auto held = [granule](uint64_t n) {
-    return n + (granule - n % granule) % granule;
-  };
+  auto held = [granule](uint64_t n) { return RoundUpSaturating(n, granule); };
   auto entry = [&](const Allocation& a, bool failed) {
     HbmBuffer b;
     b.padded_bytes = a.image_bytes;

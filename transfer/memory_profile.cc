@@ -1,6 +1,8 @@
 #include "transfer/memory_profile.h"
 
+#include <filesystem>
 #include <set>
+#include <system_error>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -24,20 +26,29 @@ std::set<std::string>& OpenPaths() {
   return *paths;
 }
 
+// One name per file: "p", "./p" and "dir/../p" are the same file.
+std::string FileKey(const std::string& path) {
+  std::error_code error;
+  std::filesystem::path p = std::filesystem::absolute(path, error);
+  if (error) return path;
+  std::filesystem::path canonical = std::filesystem::weakly_canonical(p, error);
+  return error ? p.lexically_normal().string() : canonical.string();
+}
+
 // `path`, or the first free "<path>.N", now taken.
 std::string TakePath(const std::string& path) {
   MutexLock lock(&OpenPathsMutex());
   std::string taken = path;
-  for (int n = 2; OpenPaths().count(taken) > 0; ++n) {
+  for (int n = 2; OpenPaths().count(FileKey(taken)) > 0; ++n) {
     taken = absl::StrCat(path, ".", n);
   }
-  OpenPaths().insert(taken);
+  OpenPaths().insert(FileKey(taken));
   return taken;
 }
 
 void ReleasePath(const std::string& path) {
   MutexLock lock(&OpenPathsMutex());
-  OpenPaths().erase(path);
+  OpenPaths().erase(FileKey(path));
 }
 
 using Json = nlohmann::ordered_json;
@@ -83,7 +94,8 @@ absl::StatusOr<std::unique_ptr<MemoryProfile>> MemoryProfile::Create(
     list.push_back(
         {{"name", d.name}, {"hbm_bytes", d.hbm_bytes}, {"granule", d.granule}});
   }
-  const std::string line = header.dump() + "\n";
+  const std::string line =
+      header.dump(-1, ' ', false, Json::error_handler_t::replace) + "\n";
   absl::Status written = os->WriteAll(*fd, line.data(), line.size());
   if (!written.ok()) {
     (void)os->Close(*fd);
@@ -103,9 +115,14 @@ MemoryProfile::MemoryProfile(std::string path, Os* os, int64_t origin_ns,
 
 MemoryProfile::~MemoryProfile() { (void)Close(); }
 
-bool MemoryProfile::Append(std::string line, bool urgent) {
+bool MemoryProfile::Append(const Json& record, bool urgent, bool last) {
+  // Labels and shapes come from the caller and may be any bytes: invalid
+  // UTF-8 is written as U+FFFD rather than thrown.
+  const std::string line =
+      record.dump(-1, ' ', false, Json::error_handler_t::replace);
   MutexLock lock(&mu_);
   if (closed_) return false;
+  closed_ = last;
   // Stamped here, under the lock, so that the file is in time order.
   const double t =
       static_cast<double>(os_->MonotonicNanos() - origin_ns_) / 1e9;
@@ -116,18 +133,18 @@ bool MemoryProfile::Append(std::string line, bool urgent) {
 }
 
 bool MemoryProfile::Allocated(const Buffer& b) {
-  return Append(BufferJson(b, "alloc").dump(), false);
+  return Append(BufferJson(b, "alloc"), false, false);
 }
 
 bool MemoryProfile::Freed(int device, uint64_t id) {
-  return Append(Json{{"event", "free"}, {"device", device}, {"id", id}}.dump(),
+  return Append(Json{{"event", "free"}, {"device", device}, {"id", id}}, false,
                 false);
 }
 
 bool MemoryProfile::Failed(const Buffer& b) {
   Buffer request = b;
   request.id = 0;
-  return Append(BufferJson(request, "failed").dump(), true);
+  return Append(BufferJson(request, "failed"), true, false);
 }
 
 void MemoryProfile::Flush() {
@@ -147,20 +164,8 @@ void MemoryProfile::Flush() {
 }
 
 absl::Status MemoryProfile::Close() {
-  bool closed;
-  {
-    MutexLock lock(&mu_);
-    closed = closed_;
-  }
-  if (closed) {
-    MutexLock write_lock(&write_mu_);
-    return write_error_;
-  }
-  (void)Append(Json{{"event", "end"}}.dump(), true);
-  {
-    MutexLock lock(&mu_);
-    closed_ = true;
-  }
+  // `end` and closing in one step: no record can follow it.
+  (void)Append(Json{{"event", "end"}}, true, /*last=*/true);
   Flush();
   MutexLock write_lock(&write_mu_);
   if (fd_ >= 0) {

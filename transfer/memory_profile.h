@@ -47,6 +47,7 @@
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
 #include "env/os.h"
+#include "nlohmann/json.hpp"
 
 namespace tpushim {
 
@@ -98,7 +99,8 @@ class MemoryProfile {
 
  private:
   MemoryProfile(std::string path, Os* os, int64_t origin_ns, int fd);
-  bool Append(std::string line, bool urgent);
+  // Appends `record` stamped now; `last` closes the profile after it.
+  bool Append(const nlohmann::ordered_json& record, bool urgent, bool last);
 
   const std::string path_;
   Os* const os_;

@@ -96,5 +96,20 @@ TEST(HbmReportTest, ListsTheLargestAndAlwaysTheRequest) {
   EXPECT_THAT(r, HasSubstr("Allocation type: failed request"));
 }
 
+// A "negative" size through the C ABI is 2^64 - n: the sums stop at the
+// top, so the report says the request exceeds the capacity instead of
+// wrapping to a small Used and blaming fragmentation.
+TEST(HbmReportTest, AHugeRequestSaturatesInsteadOfWrapping) {
+  HbmBuffer request = Bytes(UINT64_MAX, UINT64_MAX);
+  request.failed_request = true;
+  const std::string report =
+      FormatHbmReport(uint64_t{1} << 30,
+                      {Bytes(uint64_t{1} << 30, uint64_t{1} << 30), request});
+  EXPECT_THAT(report, HasSubstr("Used 16.00E of 1.00G hbm. Exceeded hbm "
+                                "capacity by 16.00E."));
+  EXPECT_THAT(report, Not(HasSubstr("Within hbm capacity")));
+  EXPECT_THAT(report, HasSubstr("0.0% fragmentation (0B)"));
+}
+
 }  // namespace
 }  // namespace tpushim

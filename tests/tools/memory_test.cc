@@ -2,12 +2,15 @@
 // `tpushim demo --shapes`: the built tool runs as a subprocess; profiles
 // are written by hand (for exact figures) and by the runtime.
 
+#include <unistd.h>
+
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
@@ -157,6 +160,17 @@ TEST(MemoryTest, MalformedProfilesAreNamedByLine) {
        "line 3: a record after the end record"},
       {header + "not json\n{\"t\":0.1,\"event\":\"end\"}\n",
        "line 2: not a JSON object"},
+      {header + "{\"t\":1e400,\"event\":\"end\"}\n",
+       "line 2: not a JSON object"},  // a number beyond double's range
+      {header + "{\"t\":\"soon\",\"event\":\"end\"}\n",
+       "line 2: \"t\" is missing or not a time"},
+      {header +
+           R"({"t":0.1,"event":"alloc","device":0,"id":1,"device_bytes":1,"padded_bytes":18446744073709551615,"unpadded_bytes":1})"
+           "\n"
+           R"({"t":0.2,"event":"alloc","device":0,"id":2,"device_bytes":1,"padded_bytes":2,"unpadded_bytes":1})"
+           "\n",
+       "line 3: the bytes in use would pass 2^64"},
+      {"\n\n", "the file is empty"},
   };
   for (const Case& c : cases) {
     const std::string path = dir.Join("bad.jsonl");
@@ -173,6 +187,39 @@ TEST(MemoryTest, MalformedProfilesAreNamedByLine) {
       Tool({"memory", dir.Join("none.jsonl"), "--plot", "x.jpg"});
   EXPECT_EQ(bad_plot.exit_code, 2);
   EXPECT_THAT(bad_plot.err, HasSubstr("must end in .svg or .png"));
+}
+
+// Written on another system (CRLF) and with blank lines at the end: read
+// as the same profile.
+TEST(MemoryTest, CrlfAndTrailingBlankLinesReadTheSame) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("p.jsonl");
+  Write(path, absl::StrReplaceAll(kProfile, {{"\n", "\r\n"}}) + "\r\n\n");
+  const SubprocessResult r = Tool({"memory", "--json", path});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const Json j = Json::parse(r.out);
+  EXPECT_EQ(j["complete"], true);
+  EXPECT_EQ(j["devices"][0]["peak"]["padded_bytes"], 513000);
+}
+
+// A device name is the file's text: what it holds never reaches gnuplot
+// as a command (a newline would start one; gnuplot has `system`).
+TEST(MemoryTest, NamesFromTheFileCannotRunGnuplotCommands) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("p.jsonl");
+  const std::string pwned = dir.Join("pwned");
+  std::string text = kProfile;
+  const std::string evil =
+      absl::StrCat("sim:0'\\nsystem 'touch ", pwned, "'\\n#");
+  text.replace(text.find("\"sim:0\""), 7, absl::StrCat("\"", evil, "\""));
+  Write(path, text);
+  const SubprocessResult r =
+      Tool({"memory", path, "--plot", dir.Join("mem.svg")});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(testutil::ReadFileOrEmpty(pwned).empty());
+  EXPECT_NE(access(pwned.c_str(), F_OK), 0) << "gnuplot ran the name";
+  EXPECT_THAT(testutil::ReadFileOrEmpty(dir.Join("mem.svg")),
+              HasSubstr("sim:0"));
 }
 
 // A process that died: no end record, and a last line cut in the middle.
@@ -209,6 +256,25 @@ TEST(MemoryTest, ReadsWhatTheRuntimeRecorded) {
   EXPECT_EQ(d["peak"]["padded_bytes"], 512000);
   EXPECT_EQ(d["peak"]["largest"][0]["shape"], "s32[1000,10]{1,0:T(8,128)}");
   EXPECT_EQ(d["failed_requests"][0]["label"], "big");
+}
+
+// On a 1 MiB device even the smallest model does not fit: the demo says so
+// with the runtime's report and counts it, instead of running.
+TEST(MemoryTest, DemoShapesOnATinyDeviceReportsTheHbmReport) {
+  testutil::TempDir dir;
+  const SubprocessResult demo = Tool(
+      {"demo", "--shapes", "--steps", "3", "--batch-bytes", "4K", "--json"},
+      {"PATH=/usr/bin:/bin", "TPU_LOG_DIR=" + dir.Join("logs"),
+       "TPU_PREMAPPED_BUFFER_SIZE=16777216",
+       "TPUSHIM_DEVICE=sim://?devices=1&hbm=1M"});
+  EXPECT_EQ(demo.exit_code, 1) << demo.err << demo.out;
+  const Json j = Json::parse(demo.out);
+  EXPECT_EQ(j["errors"], 1);
+  EXPECT_EQ(j["error_detail"]["failed_allocations"], 1);
+  EXPECT_EQ(j["shapes"]["divisor"], 1024);
+  EXPECT_THAT(j["shapes"]["error"].get<std::string>(),
+              HasSubstr("Ran out of memory in memory space hbm."));
+  EXPECT_EQ(j["steps"], 0);
 }
 
 TEST(MemoryTest, DemoShapesHoldsAModelAndRecordsIt) {

@@ -91,6 +91,19 @@ TEST(ShapeTest, MalformedShapeIsAUsageErrorPointingAtTheColumn) {
   EXPECT_EQ(Json::parse(j.out)["error"]["code"], "INVALID_ARGUMENT");
 }
 
+// Each array fits 64 bits, their tuple does not; an array of no elements
+// parses but no device buffer can hold it. Both are bad input, not a
+// crash and not "does not fit".
+TEST(ShapeTest, ATupleTooLargeOrAnEmptyArrayIsAUsageError) {
+  const SubprocessResult r =
+      Shape({"(f32[2305843009213693952],f32[2305843009213693952])"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("tpushim: bad shape: INVALID_ARGUMENT"));
+  const SubprocessResult e = Shape({"--hbm", "16G", "f32[0,10]"});
+  EXPECT_EQ(e.exit_code, 2) << e.err << e.out;
+  EXPECT_THAT(e.err, HasSubstr("has no elements"));
+}
+
 TEST(ShapeTest, NoShapeOrABadHbmIsAUsageError) {
   EXPECT_EQ(Shape({}).exit_code, 2);
   const SubprocessResult r = Shape({"--hbm", "lots", "f32[2]"});

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <filesystem>
 #include <map>
 #include <memory>
 #include <sstream>
@@ -176,7 +177,10 @@ TEST(MemoryProfileTest, ASecondSystemWithTheSamePathWritesPathDot2) {
   testutil::TempDir dir;
   const std::string path = dir.Join("profile.jsonl");
   auto first = MakeRig(path);
-  auto second = MakeRig(path);
+  // The same file by another name.
+  auto second = MakeRig(
+      dir.Join("./../" + std::filesystem::path(dir.path()).filename().string() +
+               "/profile.jsonl"));
   ASSERT_NE(first, nullptr);
   ASSERT_NE(second, nullptr);
   ASSERT_TRUE(first->engine().Allocate(0, 100).ok());
@@ -197,6 +201,27 @@ TEST(MemoryProfileTest, ASecondSystemWithTheSamePathWritesPathDot2) {
   ASSERT_NE(third, nullptr);
   EXPECT_EQ(third->TearDownAndReport(), "");
   EXPECT_EQ(ReadLines(path).size(), 2u);  // truncated and rewritten
+}
+
+// Labels are the caller's bytes: invalid UTF-8 is recorded as U+FFFD,
+// never thrown out of Allocate.
+TEST(MemoryProfileTest, ALabelThatIsNotUtf8IsRecordedNotThrown) {
+  testutil::TempDir dir;
+  const std::string path = dir.Join("profile.jsonl");
+  auto rig = MakeRig(path);
+  ASSERT_NE(rig, nullptr);
+  absl::StatusOr<DeviceBuffer> b = rig->engine().Allocate(
+      0, DeviceBufferSpec{.shape = "f32[8]", .label = "caf\xe9 \xff"});
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_FALSE(rig->engine()
+                   .Allocate(0, DeviceBufferSpec{.shape = "f32[1024,1024]",
+                                                 .op_metadata = "\xc3"})
+                   .ok());
+  EXPECT_EQ(rig->TearDownAndReport(), "");
+  const std::vector<Json> lines = ReadLines(path);
+  ASSERT_EQ(lines.size(), 5u);  // header, alloc, failed, free, end
+  EXPECT_EQ(lines[1]["label"], "caf\xef\xbf\xbd \xef\xbf\xbd");
+  EXPECT_EQ(lines[2]["op"], "\xef\xbf\xbd");
 }
 
 // More records than one buffer holds, from several threads, some of them
