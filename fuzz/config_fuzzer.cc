@@ -72,7 +72,7 @@ namespace {
 
 // The settings in the order of docs/configuration.md's table, which
 // DescribeOptions keeps.
-constexpr std::array<absl::string_view, 16> kVariables = {
+constexpr std::array<absl::string_view, 17> kVariables = {
     "TPU_PREMAPPED_BUFFER_SIZE",
     "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES",
     "TPU_LOG_DIR",
@@ -88,6 +88,7 @@ constexpr std::array<absl::string_view, 16> kVariables = {
     "TPUSHIM_MLOCK",
     "TPUSHIM_FAULTS",
     "TPUSHIM_TRACE_FILE",
+    "TPUSHIM_MEMORY_PROFILE",
     "TPUSHIM_DUMP_ON_OOM",
 };
 constexpr absl::string_view kSizeVariable = kVariables[0];
