@@ -131,7 +131,7 @@ void PrintDevice(const DeviceMemoryProfile& d, std::ostream& out) {
                 ? absl::StrCat(" (", shown.size(), " of ", buffers.size(), ")")
                 : std::string())
         << ":\n"
-        << FormatHbmBufferList(buffers, shown);
+        << FormatHbmBufferList(buffers, shown) << "\n";  // ends the list
   }
   if (!d.failed.empty()) {
     out << "  Failed requests:\n";
