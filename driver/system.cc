@@ -206,6 +206,17 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
                           .block_bytes = info.block_bytes});
     if (!device_node) device_node = info.numa_node;
   }
+  std::vector<Device*> raw;
+  for (auto& d : impl->devices) raw.push_back(d.get());
+  // Before the region: a profile path that cannot be created fails now,
+  // not after seconds of premapping.
+  TransferEngine::Config engine_config =
+      TransferEngine::Config::FromOptions(options);
+  if (!options.memory_profile.value.empty()) {
+    TPUSHIM_ASSIGN_OR_RETURN(
+        engine_config.memory_profile,
+        MemoryProfile::ForDevices(options.memory_profile.value, os, raw));
+  }
   // The region is registered for every device's DMA while it is being
   // premapped (an IOMMU mapping for vfio:// devices, timed with it).
   std::vector<HostWindowId> region_windows;
@@ -251,13 +262,10 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     impl->owner->allocator =
         impl->region ? &impl->region->allocator() : nullptr;
   }
-  std::vector<Device*> raw;
-  for (auto& d : impl->devices) raw.push_back(d.get());
   TPUSHIM_ASSIGN_OR_RETURN(
-      impl->engine,
-      TransferEngine::Create(std::move(raw), impl->region.get(), os,
-                             TransferEngine::Config::FromOptions(options),
-                             std::move(region_windows)));
+      impl->engine, TransferEngine::Create(std::move(raw), impl->region.get(),
+                                           os, std::move(engine_config),
+                                           std::move(region_windows)));
 
   LOG(INFO) << "tpu::System initialized, current host id: 0, logical device "
                "ids: "

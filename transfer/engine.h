@@ -406,8 +406,9 @@ class Engine {
   std::vector<std::unique_ptr<HostWorker>> host_workers_;
   PinTracker pins_;
   std::unique_ptr<TraceRecorder> trace_;
-  // TPUSHIM_MEMORY_PROFILE; set by Start(), closed by Shutdown().
-  std::unique_ptr<MemoryProfile> memory_profile_;
+  // TPUSHIM_MEMORY_PROFILE (Config::memory_profile), set by Start() and
+  // closed by Shutdown().
+  std::shared_ptr<MemoryProfile> memory_profile_;
   std::vector<std::unique_ptr<Sink>> sinks_;
   std::vector<HostWindowId> region_windows_;  // per device
   std::vector<std::unique_ptr<Queue>> queues_;

@@ -109,6 +109,17 @@ absl::StatusOr<std::unique_ptr<MemoryProfile>> MemoryProfile::Create(
       new MemoryProfile(path, os, origin_ns, *fd));
 }
 
+absl::StatusOr<std::unique_ptr<MemoryProfile>> MemoryProfile::ForDevices(
+    const std::string& path, Os* os, absl::Span<Device* const> devices) {
+  std::vector<DeviceEntry> entries;
+  for (const Device* dev : devices) {
+    entries.push_back({.name = dev->info().name,
+                       .hbm_bytes = dev->info().hbm_bytes,
+                       .granule = dev->GetMemoryStats().granule});
+  }
+  return Create(path, os, os->MonotonicNanos(), entries);
+}
+
 MemoryProfile::MemoryProfile(std::string path, Os* os, int64_t origin_ns,
                              int fd)
     : path_(std::move(path)), os_(os), origin_ns_(origin_ns), fd_(fd) {}

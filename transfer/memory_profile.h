@@ -13,7 +13,8 @@
 //   {"t":1.204,"event":"free","device":0,"id":1}
 //   {"t":1.250,"event":"end"}
 //
-// `t` is seconds since the transfer engine started. `alloc` carries what
+// `t` is seconds since the profile was created (at start-up, before the
+// region is premapped). `alloc` carries what
 // the buffer is (`shape`, `label` and `op` only when the caller gave them);
 // `free` names the id of its `alloc`; `failed` is a device allocation that
 // did not fit (the one the HBM report describes). Buffers still live at
@@ -45,7 +46,9 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "common/mutex.h"
+#include "device/device.h"
 #include "env/os.h"
 #include "nlohmann/json.hpp"
 
@@ -76,6 +79,12 @@ class MemoryProfile {
   static absl::StatusOr<std::unique_ptr<MemoryProfile>> Create(
       const std::string& path, Os* os, int64_t origin_ns,
       const std::vector<DeviceEntry>& devices);
+  // The same for open `devices` (their names, HBM and allocator granule),
+  // with times counted from now. Whoever starts a transfer engine calls it
+  // before the slow work of start-up, so that a path that cannot be
+  // created fails at once.
+  static absl::StatusOr<std::unique_ptr<MemoryProfile>> ForDevices(
+      const std::string& path, Os* os, absl::Span<Device* const> devices);
   ~MemoryProfile();
   MemoryProfile(const MemoryProfile&) = delete;
   MemoryProfile& operator=(const MemoryProfile&) = delete;

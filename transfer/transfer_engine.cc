@@ -73,17 +73,7 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
 }
 
 absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
-  if (!config_.memory_profile.empty()) {
-    std::vector<MemoryProfile::DeviceEntry> entries;
-    for (Device* dev : devices_) {
-      entries.push_back({.name = dev->info().name,
-                         .hbm_bytes = dev->info().hbm_bytes,
-                         .granule = dev->GetMemoryStats().granule});
-    }
-    TPUSHIM_ASSIGN_OR_RETURN(memory_profile_,
-                             MemoryProfile::Create(config_.memory_profile, os_,
-                                                   origin_ns_, entries));
-  }
+  memory_profile_ = config_.memory_profile;
   const bool registered = !region_windows.empty();
   region_windows_ = std::move(region_windows);
   for (size_t i = 0; i < devices_.size(); ++i) {
@@ -334,7 +324,6 @@ TransferEngine::Config TransferEngine::Config::FromOptions(
     const Options& options) {
   Config config;
   config.trace_file = options.trace_file.value;
-  config.memory_profile = options.memory_profile.value;
   return config;
 }
 

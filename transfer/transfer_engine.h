@@ -89,6 +89,7 @@
 #include "tpushim/stats.h"
 #include "tpushim/transfer.h"
 #include "transfer/event.h"
+#include "transfer/memory_profile.h"
 
 namespace tpushim {
 
@@ -135,12 +136,13 @@ class TransferEngine {
     uint64_t inline_copy_bytes = uint64_t{256} << 10;
     // TPUSHIM_TRACE_FILE; empty = no trace.
     std::string trace_file{};
-    // TPUSHIM_MEMORY_PROFILE; empty = no profile. Created when the engine
-    // starts; a file that cannot be created fails the start.
-    std::string memory_profile{};
+    // TPUSHIM_MEMORY_PROFILE, opened by whoever starts the engine
+    // (MemoryProfile::ForDevices, before the region is premapped); null =
+    // no profile. The engine records into it and closes it at shut-down.
+    std::shared_ptr<MemoryProfile> memory_profile{};
 
-    // The defaults, with what the options set (TPUSHIM_TRACE_FILE,
-    // TPUSHIM_MEMORY_PROFILE).
+    // The defaults, with what the options set (TPUSHIM_TRACE_FILE; the
+    // memory profile is the caller's to open).
     static Config FromOptions(const Options& options);
   };
 

@@ -213,6 +213,22 @@ TEST(SystemTest, PinnedHostWithRegionOffIsFailedPrecondition) {
   EXPECT_FALSE((*system)->GetStats().region.enabled);
 }
 
+// The profile is created right after the devices open, before the region:
+// a path that cannot be created is the error, not what premapping a region
+// the host cannot hold (1 TiB here) would have said after the slow part.
+TEST(SystemTest, AMemoryProfileThatCannotBeCreatedFailsBeforePremapping) {
+  ScopedTestLogging logs;
+  FixedEnvironmentOs os(Os::Default());
+  OptionOverrides o = Small(uint64_t{1} << 40);
+  o.memory_profile = "/nonexistent-tpushim-dir/p.jsonl";
+  auto system = SystemFactory::Create(o, &os);
+  ASSERT_FALSE(system.ok());
+  EXPECT_TRUE(absl::IsNotFound(system.status())) << system.status();
+  EXPECT_THAT(system.status().message(),
+              HasSubstr("TPUSHIM_MEMORY_PROFILE=/nonexistent-tpushim-dir/"
+                        "p.jsonl: cannot create the file"));
+}
+
 TEST(SystemTest, TwoSystemsLiveSideBySide) {
   ScopedTestLogging logs;
   FixedEnvironmentOs os(Os::Default());

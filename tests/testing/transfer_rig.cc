@@ -119,6 +119,12 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
   }
   std::vector<Device*> devices;
   for (auto& d : rig->devices_) devices.push_back(d.get());
+  if (!params.memory_profile.empty()) {
+    TPUSHIM_ASSIGN_OR_RETURN(
+        params.engine.memory_profile,
+        MemoryProfile::ForDevices(params.memory_profile, rig->os_.get(),
+                                  devices));
+  }
   TPUSHIM_ASSIGN_OR_RETURN(
       rig->engine_,
       TransferEngine::Create(std::move(devices), rig->region_.get(),

@@ -48,6 +48,9 @@ class TransferRig {
     // and sizes of transfers are multiples of it.
     uint32_t block_bytes = 1;
     TransferEngine::Config engine{};
+    // TPUSHIM_MEMORY_PROFILE: opened for the devices before the engine
+    // starts, as System::Create does; "" = none.
+    std::string memory_profile{};
   };
 
   static absl::StatusOr<std::unique_ptr<TransferRig>> Create(Params params);

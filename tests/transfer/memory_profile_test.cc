@@ -42,7 +42,7 @@ std::vector<Json> ReadLines(const std::string& path) {
 std::unique_ptr<TransferRig> MakeRig(const std::string& profile,
                                      const std::string& url = "sim://?hbm=1M") {
   TransferRig::Params params{.device_url = url};
-  params.engine.memory_profile = profile;
+  params.memory_profile = profile;
   absl::StatusOr<std::unique_ptr<TransferRig>> rig =
       TransferRig::Create(params);
   EXPECT_TRUE(rig.ok()) << rig.status();
@@ -110,7 +110,7 @@ TEST(MemoryProfileTest, RecordsAllocationsFreesAndFailedRequestsInOrder) {
 
 TEST(MemoryProfileTest, AFileThatCannotBeCreatedFailsTheStartByName) {
   TransferRig::Params params;
-  params.engine.memory_profile = "/nonexistent-tpushim-dir/profile.jsonl";
+  params.memory_profile = "/nonexistent-tpushim-dir/profile.jsonl";
   absl::StatusOr<std::unique_ptr<TransferRig>> rig =
       TransferRig::Create(params);
   ASSERT_FALSE(rig.ok());
@@ -122,7 +122,7 @@ TEST(MemoryProfileTest, AFileThatCannotBeCreatedFailsTheStartByName) {
 
 TEST(MemoryProfileTest, AFullDiskFailsTheStartByName) {
   TransferRig::Params params;
-  params.engine.memory_profile = "/dev/full";
+  params.memory_profile = "/dev/full";
   absl::StatusOr<std::unique_ptr<TransferRig>> rig =
       TransferRig::Create(params);
   ASSERT_FALSE(rig.ok());
