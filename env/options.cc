@@ -49,6 +49,10 @@ constexpr Word<MlockMode> kMlockWords[] = {
     {"required", MlockMode::kRequired},
     {"off", MlockMode::kOff},
 };
+constexpr Word<PremapMode> kPremapWords[] = {
+    {"foreground", PremapMode::kForeground},
+    {"background", PremapMode::kBackground},
+};
 constexpr Word<bool> kDumpOnOomWords[] = {{"0", false}, {"1", true}};
 
 // The value type of a word table.
@@ -295,6 +299,9 @@ constexpr std::tuple kSettings{
             &OptionOverrides::faults, ParseWhole<ParseFaultSpec>, FormatFaults},
     Setting{"TPUSHIM_TRACE_FILE", "", "trace_file", &Options::trace_file,
             &OptionOverrides::trace_file, ParseString, FormatString},
+    Setting{"TPUSHIM_PREMAP", "", "premap", &Options::premap,
+            &OptionOverrides::premap, ParseWord<kPremapWords>,
+            FormatWord<kPremapWords>},
     Setting{"TPUSHIM_MEMORY_PROFILE", "", "memory_profile",
             &Options::memory_profile, &OptionOverrides::memory_profile,
             ParseString, FormatString},
@@ -437,6 +444,10 @@ absl::string_view HugePagesModeName(HugePagesMode mode) {
 
 absl::string_view MlockModeName(MlockMode mode) {
   return WordOf<kMlockWords>(mode);
+}
+
+absl::string_view PremapModeName(PremapMode mode) {
+  return WordOf<kPremapWords>(mode);
 }
 
 std::vector<VmoduleEntry> ParseVmodule(absl::string_view text,

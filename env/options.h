@@ -55,6 +55,7 @@ struct Option {
 
 absl::string_view HugePagesModeName(HugePagesMode mode);  // "auto", ...
 absl::string_view MlockModeName(MlockMode mode);          // "on", ...
+absl::string_view PremapModeName(PremapMode mode);        // "foreground", ...
 
 // One `glob=N` entry of TPU_VMODULE.
 struct VmoduleEntry {
@@ -113,6 +114,8 @@ struct Options {
   Option<FaultSpec> faults;
   // TPUSHIM_TRACE_FILE: empty = no trace.
   Option<std::string> trace_file;
+  // TPUSHIM_PREMAP.
+  Option<PremapMode> premap{PremapMode::kForeground};
   // TPUSHIM_DUMP_ON_OOM: "0" or "1".
   Option<bool> dump_on_oom{false};
   // TPUSHIM_MEMORY_PROFILE: empty = no profile.

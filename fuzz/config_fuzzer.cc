@@ -88,6 +88,7 @@ constexpr std::array<absl::string_view, 17> kVariables = {
     "TPUSHIM_MLOCK",
     "TPUSHIM_FAULTS",
     "TPUSHIM_TRACE_FILE",
+    "TPUSHIM_PREMAP",
     "TPUSHIM_MEMORY_PROFILE",
     "TPUSHIM_DUMP_ON_OOM",
 };
@@ -143,7 +144,7 @@ auto Fields(const OptionOverrides& o) {
                   o.min_log_level, o.stderr_log_level, o.vmodule,
                   o.max_log_size_mb, o.log_keep, o.device, o.hugepages,
                   o.prefault_threads, o.numa_node, o.mlock, o.faults,
-                  o.trace_file, o.dump_on_oom, o.memory_profile);
+                  o.trace_file, o.dump_on_oom, o.memory_profile, o.premap);
 }
 
 // The whole outcome of a resolution as text, for comparing two of them.

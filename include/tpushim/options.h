@@ -17,9 +17,13 @@
 
 namespace tpushim {
 
-// TPUSHIM_HUGEPAGES and TPUSHIM_MLOCK.
+// TPUSHIM_HUGEPAGES, TPUSHIM_MLOCK and TPUSHIM_PREMAP.
 enum class HugePagesMode { kAuto, kHugetlb, kThp, kOff };
 enum class MlockMode { kOn, kRequired, kOff };
+// kForeground: System creation returns once the region is premapped (what
+// libtpu does); kBackground: it returns once the region is reserved, and
+// the region is populated and locked behind the caller.
+enum class PremapMode { kForeground, kBackground };
 
 // One field per setting; unset fields leave the setting to the flags, the
 // environment and the defaults (docs/configuration.md).
@@ -41,6 +45,7 @@ struct OptionOverrides {
   std::optional<MlockMode> mlock;             // TPUSHIM_MLOCK
   std::optional<std::string> faults;          // TPUSHIM_FAULTS
   std::optional<std::string> trace_file;      // TPUSHIM_TRACE_FILE
+  std::optional<PremapMode> premap;           // TPUSHIM_PREMAP
   std::optional<bool> dump_on_oom;            // TPUSHIM_DUMP_ON_OOM
   std::optional<std::string> memory_profile;  // TPUSHIM_MEMORY_PROFILE
 };

@@ -63,6 +63,7 @@ TEST(OptionsTest, DefaultsWhenNothingIsSet) {
   EXPECT_EQ(options.mlock.value, MlockMode::kOn);
   EXPECT_TRUE(options.faults.value.empty());
   EXPECT_EQ(options.trace_file.value, "");
+  EXPECT_EQ(options.premap.value, PremapMode::kForeground);
   EXPECT_FALSE(options.dump_on_oom.value);
   EXPECT_THAT(options.warnings, IsEmpty());
   EXPECT_TRUE(options.premapped_region_enabled());
@@ -92,6 +93,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
       {"TPUSHIM_MLOCK", "required"},
       {"TPUSHIM_FAULTS", "mmap:nth=1;dma:rate=0.5,seed=7,code=UNAVAILABLE"},
       {"TPUSHIM_TRACE_FILE", "/tmp/trace.json"},
+      {"TPUSHIM_PREMAP", "background"},
       {"TPUSHIM_MEMORY_PROFILE", "/tmp/mem.jsonl"},
       {"TPUSHIM_DUMP_ON_OOM", "1"},
   });
@@ -117,6 +119,7 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(options.mlock.value, MlockMode::kRequired);
   EXPECT_THAT(options.faults.value.rules, SizeIs(2));
   EXPECT_EQ(options.trace_file.value, "/tmp/trace.json");
+  EXPECT_EQ(options.premap.value, PremapMode::kBackground);
   EXPECT_EQ(options.memory_profile.value, "/tmp/mem.jsonl");
   EXPECT_TRUE(options.dump_on_oom.value);
   EXPECT_THAT(options.warnings, IsEmpty());
@@ -266,6 +269,11 @@ const BadEnv kBadEnv[] = {
     {"TPUSHIM_MLOCK", ""},
     {"TPUSHIM_MLOCK", "yes"},
     {"TPUSHIM_MLOCK", "true"},
+    // TPUSHIM_PREMAP
+    {"TPUSHIM_PREMAP", ""},
+    {"TPUSHIM_PREMAP", "lazy"},
+    {"TPUSHIM_PREMAP", "1"},
+    {"TPUSHIM_PREMAP", "background "},
     // TPUSHIM_FAULTS
     {"TPUSHIM_FAULTS", "mmap"},
     {"TPUSHIM_FAULTS", "bogus:nth=1"},
@@ -419,6 +427,7 @@ TEST(PrecedenceTest, ApiOverridesEverySetting) {
   api.mlock = MlockMode::kOff;
   api.faults = "alloc:every=2";
   api.trace_file = "/tmp/t.json";
+  api.premap = PremapMode::kBackground;
   api.memory_profile = "/tmp/m.jsonl";
   api.dump_on_oom = true;
   const Options options = MustResolve({{"TPU_LOG_DIR", "/x"},
@@ -438,6 +447,7 @@ TEST(PrecedenceTest, ApiOverridesEverySetting) {
   EXPECT_EQ(options.mlock.value, MlockMode::kOff);
   EXPECT_THAT(options.faults.value.rules, SizeIs(1));
   EXPECT_EQ(options.trace_file.value, "/tmp/t.json");
+  EXPECT_EQ(options.premap.value, PremapMode::kBackground);
   EXPECT_EQ(options.memory_profile.value, "/tmp/m.jsonl");
   EXPECT_TRUE(options.dump_on_oom.value);
   for (const OptionRow& row : DescribeOptions(options)) {
@@ -857,18 +867,18 @@ TEST(DescribeOptionsTest, OneRowPerSettingInDocumentedOrderWithDefaults) {
   const std::vector<OptionRow> rows = DescribeOptions(MustResolve({}));
   EXPECT_THAT(
       Column(rows, &OptionRow::name),
-      ElementsAre("TPU_PREMAPPED_BUFFER_SIZE",
-                  "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES",
-                  "TPU_LOG_DIR", "TPU_MIN_LOG_LEVEL", "TPU_STDERR_LOG_LEVEL",
-                  "TPU_VMODULE", "TPU_MAX_LOG_SIZE_MB", "TPUSHIM_LOG_KEEP",
-                  "TPUSHIM_DEVICE", "TPUSHIM_HUGEPAGES",
-                  "TPUSHIM_PREFAULT_THREADS", "TPUSHIM_NUMA_NODE",
-                  "TPUSHIM_MLOCK", "TPUSHIM_FAULTS", "TPUSHIM_TRACE_FILE",
-                  "TPUSHIM_MEMORY_PROFILE", "TPUSHIM_DUMP_ON_OOM"));
+      ElementsAre(
+          "TPU_PREMAPPED_BUFFER_SIZE",
+          "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES", "TPU_LOG_DIR",
+          "TPU_MIN_LOG_LEVEL", "TPU_STDERR_LOG_LEVEL", "TPU_VMODULE",
+          "TPU_MAX_LOG_SIZE_MB", "TPUSHIM_LOG_KEEP", "TPUSHIM_DEVICE",
+          "TPUSHIM_HUGEPAGES", "TPUSHIM_PREFAULT_THREADS", "TPUSHIM_NUMA_NODE",
+          "TPUSHIM_MLOCK", "TPUSHIM_FAULTS", "TPUSHIM_TRACE_FILE",
+          "TPUSHIM_PREMAP", "TPUSHIM_MEMORY_PROFILE", "TPUSHIM_DUMP_ON_OOM"));
   EXPECT_THAT(Column(rows, &OptionRow::value),
               ElementsAre("4294967296", "4294967296", "/tmp/tpu_logs", "0", "2",
                           "\"\"", "1024", "5", "sim://", "auto", "0", "auto",
-                          "on", "\"\"", "\"\"", "\"\"", "0"));
+                          "on", "\"\"", "\"\"", "foreground", "\"\"", "0"));
 }
 
 TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
@@ -881,12 +891,14 @@ TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
                    {"TPUSHIM_HUGEPAGES", "THP"},
                    {"TPUSHIM_NUMA_NODE", "01"},
                    {"TPUSHIM_FAULTS", "mmap:nth=1"},
+                   {"TPUSHIM_PREMAP", "BACKGROUND"},
                    {"TPUSHIM_DUMP_ON_OOM", "1"}},
                   api));
-  EXPECT_THAT(Column(rows, &OptionRow::value),
-              ElementsAre("8192", "8192", "/tmp/tpu_logs", "0", "2", "a=1,b*=2",
-                          "1024", "5", "sim://?devices=2", "thp", "0", "1",
-                          "required", "mmap:nth=1", "\"\"", "\"\"", "1"));
+  EXPECT_THAT(
+      Column(rows, &OptionRow::value),
+      ElementsAre("8192", "8192", "/tmp/tpu_logs", "0", "2", "a=1,b*=2", "1024",
+                  "5", "sim://?devices=2", "thp", "0", "1", "required",
+                  "mmap:nth=1", "\"\"", "background", "\"\"", "1"));
   std::vector<OptionSource> sources;
   for (const OptionRow& row : rows) sources.push_back(row.source);
   using S = OptionSource;
@@ -894,7 +906,7 @@ TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
               ElementsAre(S::kFlag, S::kDefault, S::kDefault, S::kDefault,
                           S::kDefault, S::kEnv, S::kDefault, S::kDefault,
                           S::kEnv, S::kEnv, S::kDefault, S::kEnv, S::kApi,
-                          S::kEnv, S::kDefault, S::kDefault, S::kEnv));
+                          S::kEnv, S::kDefault, S::kEnv, S::kDefault, S::kEnv));
 }
 
 // ---- Small helpers ----------------------------------------------------------
@@ -944,6 +956,7 @@ TEST(SetOptionOverrideTest, SetsEveryFieldFromItsVariableText) {
       {"TPUSHIM_MLOCK", "off"},
       {"TPUSHIM_FAULTS", "dma:nth=2"},
       {"TPUSHIM_TRACE_FILE", "/tmp/t.json"},
+      {"TPUSHIM_PREMAP", "Background"},
       {"TPUSHIM_DUMP_ON_OOM", "1"},
   };
   for (const auto& [name, value] : settings) {
@@ -965,6 +978,7 @@ TEST(SetOptionOverrideTest, SetsEveryFieldFromItsVariableText) {
   EXPECT_EQ(o.mlock, MlockMode::kOff);
   EXPECT_EQ(o.faults, "dma:nth=2");
   EXPECT_EQ(o.trace_file, "/tmp/t.json");
+  EXPECT_EQ(o.premap, PremapMode::kBackground);
   EXPECT_EQ(o.dump_on_oom, true);
 
   // And they resolve as API values.
