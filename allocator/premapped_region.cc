@@ -1,6 +1,7 @@
 #include "allocator/premapped_region.h"
 
 #include <algorithm>
+#include <thread>
 #include <utility>
 
 #include "absl/cleanup/cleanup.h"
@@ -90,14 +91,14 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   // 4. Pin: lock on fault, so the pre-fault threads lock each page as they
   // populate it; a separate mlock() pass after pre-faulting would walk the
   // whole region again on one thread (0.4 s for 4 GiB of THP here).
-  bool locked = false;
-  int mlock_syscalls = 0;  // each Os::Mlock is one mlock2() (or mlock())
+  Prepared prepared{
+      .range = range, .size = size, .node = node, .start_ns = start_ns};
   if (try_mlock) {
     absl::Status pinned =
         os->Mlock(range.start, range.length, Os::LockWhen::kOnFault);
-    ++mlock_syscalls;
+    ++prepared.mlock_syscalls;
     if (pinned.ok()) {
-      locked = true;
+      prepared.locked = true;
     } else if (mlock_mode == MlockMode::kRequired) {
       return pinned;
     } else {
@@ -106,31 +107,110 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
                       "this an error, =off skips it)";
     }
   }
-  absl::Cleanup unlock = [&] {
-    if (locked) (void)os->Munlock(range.start, range.length);
-  };
+  {
+    const Prefaulter sizing(*os, static_cast<char*>(range.start), range.length,
+                            range.plan.page_bytes, node);
+    prepared.threads = sizing.ThreadsFor(
+        options.EffectivePrefaultThreads(os->OnlineCpuCount()));
+  }
+  const bool background = options.premap.value == PremapMode::kBackground;
+  auto allocator = std::make_unique<RegionAllocator>(
+      range.start, size,
+      RegionAllocator::Config{.threshold = threshold,
+                              .dump_on_oom = options.dump_on_oom.value,
+                              .faults = faults,
+                              .grows = background});
+  // From here the region owns the mapping and the lock.
+  std::move(unmap).Cancel();
+  auto region = std::unique_ptr<PremappedRegion>(
+      new PremappedRegion(os, prepared, std::move(allocator)));
+  if (background) {
+    region->background_ = std::make_unique<Background>();
+    return region;
+  }
 
-  // 5. Pre-fault.
-  Prefaulter::ReadyCallback on_ready = nullptr;
+  // 5. Pre-fault, then 6. register with the devices.
+  std::function<absl::Status(uint64_t)> on_ready = nullptr;
   if (on_progress) {
     on_ready = [&on_progress, total = range.length](uint64_t ready) {
       on_progress(ready, total);
+      return absl::OkStatus();
     };
   }
-  Prefaulter prefaulter(*os, static_cast<char*>(range.start), range.length,
-                        range.plan.page_bytes, node, std::move(on_ready));
-  const int threads = prefaulter.ThreadsFor(
-      options.EffectivePrefaultThreads(os->OnlineCpuCount()));
-  TPUSHIM_RETURN_IF_ERROR(prefaulter.Run(threads));
+  TPUSHIM_RETURN_IF_ERROR(region->Populate(on_ready, register_for_dma));
+  return region;
+}
+
+// What runs behind the caller.
+struct PremappedRegion::Background {
+  Mutex mu;
+  BackgroundHooks hooks;
+  std::thread thread;
+  // The running prefaulter, for StopPremapping; null before and after.
+  Prefaulter* prefaulter ABSL_GUARDED_BY(mu) = nullptr;
+  bool started ABSL_GUARDED_BY(mu) = false;
+  bool stop ABSL_GUARDED_BY(mu) = false;
+  bool done ABSL_GUARDED_BY(mu) = false;
+  absl::Status status ABSL_GUARDED_BY(mu);
+  CondVar done_cv;
+};
+
+PremappedRegion::PremappedRegion(Os* os, const Prepared& prepared,
+                                 std::unique_ptr<RegionAllocator> allocator)
+    : os_(os), prepared_(prepared), allocator_(std::move(allocator)) {
+  MutexLock lock(&mu_);
+  stats_.page_kind = prepared.range.plan.kind;
+  stats_.page_bytes = prepared.range.plan.page_bytes;
+  stats_.page_kind_asked = prepared.range.plan.kind;
+  stats_.page_description = "being premapped";
+  stats_.numa_node = prepared.node;
+  stats_.numa_policy = "unknown";
+  stats_.prefault_threads = prepared.threads;
+  stats_.lock_requested = prepared.locked;
+}
+
+absl::Status PremappedRegion::Populate(
+    const std::function<absl::Status(uint64_t ready)>& on_ready,
+    const DmaRegistration& register_for_dma) {
+  const MappedRange& range = prepared_.range;
+  const uint64_t size = prepared_.size;
+  Prefaulter* running = nullptr;
+  absl::Status hook_error;
+  Prefaulter::ReadyCallback ready_callback = nullptr;
+  if (on_ready) {
+    ready_callback = [&](uint64_t ready) {
+      if (!hook_error.ok()) return;
+      hook_error = on_ready(std::min(ready, size));
+      if (!hook_error.ok()) running->Cancel();
+    };
+  }
+  Prefaulter prefaulter(*os_, static_cast<char*>(range.start), range.length,
+                        range.plan.page_bytes, prepared_.node,
+                        std::move(ready_callback));
+  running = &prefaulter;
+  if (background_ != nullptr) {
+    MutexLock lock(&background_->mu);
+    if (background_->stop) {
+      return absl::CancelledError("premapping was stopped before it started");
+    }
+    background_->prefaulter = &prefaulter;
+  }
+  absl::Status populated = prefaulter.Run(prepared_.threads);
+  if (background_ != nullptr) {
+    MutexLock lock(&background_->mu);
+    background_->prefaulter = nullptr;
+  }
+  if (!hook_error.ok()) return hook_error;
+  TPUSHIM_RETURN_IF_ERROR(populated);
   // What the kernel did: the page size and huge pages backing the region,
   // the bytes it holds locked, the NUMA policy and where the pages are.
-  const ObservedPages seen = ObservePages(*os, range, locked);
+  const ObservedPages seen = ObservePages(*os_, range, prepared_.locked);
   if (seen.locked_bytes > 0) {
     LOG(INFO) << "mlock()-ed " << seen.locked_bytes
-              << " bytes for premapped region, using " << mlock_syscalls
-              << " syscalls.";
+              << " bytes for premapped region, using "
+              << prepared_.mlock_syscalls << " syscalls.";
   }
-  if (locked && seen.locked_bytes < range.length) {
+  if (prepared_.locked && seen.locked_bytes < range.length) {
     LOG(WARNING) << "mlock() of the premapped region succeeded, but the "
                     "kernel holds only "
                  << seen.locked_bytes << " of its " << range.length
@@ -143,9 +223,10 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   }
 
   const absl::Duration elapsed =
-      absl::Nanoseconds(os->MonotonicNanos() - start_ns);
+      absl::Nanoseconds(os_->MonotonicNanos() - prepared_.start_ns);
   // The node the pages are on; the one asked for when that cannot be
   // read, and all of them when they are spread.
+  const int node = prepared_.node;
   std::string where = absl::StrCat(node);
   if (seen.numa_nodes.size() == 1) {
     where = absl::StrCat(seen.numa_nodes[0]);
@@ -155,62 +236,124 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   }
   LOG(INFO) << "Done premapping memory of size " << size << " in "
             << absl::StrFormat("%.3f", absl::ToDoubleSeconds(elapsed)) << "s ("
-            << seen.description << ", " << threads << " threads, NUMA node "
-            << where << ")";
-
-  auto allocator = std::make_unique<RegionAllocator>(
-      range.start, size,
-      RegionAllocator::Config{.threshold = threshold,
-                              .dump_on_oom = options.dump_on_oom.value,
-                              .faults = faults});
-  Stats stats;
-  stats.page_kind = seen.kind;
-  stats.page_bytes = seen.page_bytes;
-  stats.huge_page_bytes = seen.huge_bytes;
-  stats.page_kind_asked = range.plan.kind;
-  stats.page_description = seen.description;
-  stats.numa_node = seen.numa_nodes.size() == 1 ? seen.numa_nodes[0] : node;
-  stats.numa_policy = seen.numa_policy;
-  stats.numa_nodes = seen.numa_nodes;
-  stats.prefault_threads = threads;
-  stats.lock_requested = locked;
-  stats.locked_bytes = seen.locked_bytes;
-  stats.locked = seen.locked_bytes >= range.length;
-  stats.startup_time = elapsed;
-  std::move(unlock).Cancel();
-  std::move(unmap).Cancel();
+            << seen.description << ", " << prepared_.threads
+            << " threads, NUMA node " << where << ")";
+  {
+    MutexLock lock(&mu_);
+    stats_.page_kind = seen.kind;
+    stats_.page_bytes = seen.page_bytes;
+    stats_.huge_page_bytes = seen.huge_bytes;
+    stats_.page_description = seen.description;
+    stats_.numa_node = seen.numa_nodes.size() == 1 ? seen.numa_nodes[0] : node;
+    stats_.numa_policy = seen.numa_policy;
+    stats_.numa_nodes = seen.numa_nodes;
+    stats_.locked_bytes = seen.locked_bytes;
+    stats_.locked = seen.locked_bytes >= range.length;
+    stats_.startup_time = elapsed;
+    stats_.premapped = true;
+  }
   LOG(INFO) << "Done allocating premapped memory of size " << size;
-  return std::unique_ptr<PremappedRegion>(new PremappedRegion(
-      os, range.start, range.length, std::move(allocator), stats));
+  return absl::OkStatus();
 }
 
-PremappedRegion::PremappedRegion(Os* os, void* mapping, uint64_t mapping_bytes,
-                                 std::unique_ptr<RegionAllocator> allocator,
-                                 Stats stats)
-    : os_(os),
-      mapping_(mapping),
-      mapping_bytes_(mapping_bytes),
-      allocator_(std::move(allocator)),
-      startup_stats_(stats) {}
+void PremappedRegion::StartPremapping(BackgroundHooks hooks) {
+  Background& b = *background_;
+  MutexLock lock(&b.mu);
+  b.started = true;
+  b.hooks = std::move(hooks);
+  b.thread = std::thread([this] { RunBackground(); });
+}
+
+void PremappedRegion::RunBackground() {
+  Background& b = *background_;
+  const uint64_t size = prepared_.size;
+  const uint64_t total = prepared_.range.length;
+  absl::Status status = Populate(
+      [&](uint64_t ready) -> absl::Status {
+        if (b.hooks.extend_dma) {
+          TPUSHIM_RETURN_IF_ERROR(b.hooks.extend_dma(ready));
+        }
+        allocator_->Grow(ready);
+        if (b.hooks.on_progress) b.hooks.on_progress(ready, total);
+        return absl::OkStatus();
+      },
+      nullptr);
+  const uint64_t ready = allocator_->ready_bytes();
+  if (status.ok()) {
+    allocator_->Grow(size);
+  } else {
+    allocator_->StopGrowing(status);
+    if (status.code() == absl::StatusCode::kCancelled) {
+      LOG(INFO) << "Premapping stopped after " << ready << " of " << size
+                << " bytes: the system is being destroyed";
+    } else {
+      LOG(ERROR) << "Premapping the region failed after " << ready << " of "
+                 << size << " bytes: " << status
+                 << "; buffers and staging use the first " << ready
+                 << " bytes, transfers that need more take the pinned path";
+    }
+    MutexLock lock(&mu_);
+    stats_.premap_error = status;
+  }
+  if (b.hooks.on_done) b.hooks.on_done(status);
+  MutexLock lock(&b.mu);
+  b.done = true;
+  b.status = status;
+  b.done_cv.SignalAll();
+}
+
+void PremappedRegion::StopPremapping() {
+  if (background_ == nullptr) return;
+  Background& b = *background_;
+  {
+    MutexLock lock(&b.mu);
+    b.stop = true;
+    if (b.prefaulter != nullptr) b.prefaulter->Cancel();
+  }
+  if (b.thread.joinable()) b.thread.join();
+  allocator_->StopGrowing(
+      absl::CancelledError("premapping was stopped before it finished"));
+}
+
+absl::Status PremappedRegion::WaitUntilPremapped() {
+  if (background_ == nullptr) return absl::OkStatus();
+  Background& b = *background_;
+  MutexLock lock(&b.mu);
+  while (!b.done) {
+    if (!b.started) {
+      return absl::FailedPreconditionError("premapping was never started");
+    }
+    b.done_cv.Wait(&b.mu);
+  }
+  return b.status;
+}
 
 PremappedRegion::~PremappedRegion() {
+  StopPremapping();
   const uint64_t live = allocator_->GetStats().live_allocations;
   if (live > 0) {
     LOG(WARNING) << "Releasing the premapped region with " << live
                  << " buffers still allocated";
   }
   allocator_.reset();
-  if (startup_stats_.lock_requested) {
-    absl::Status s = os_->Munlock(mapping_, mapping_bytes_);
+  const MappedRange& range = prepared_.range;
+  if (prepared_.locked) {
+    absl::Status s = os_->Munlock(range.start, range.length);
     if (!s.ok()) LOG(WARNING) << "munlock of the premapped region: " << s;
   }
-  absl::Status s = os_->Munmap(mapping_, mapping_bytes_);
+  absl::Status s = os_->Munmap(range.start, range.length);
   if (!s.ok()) LOG(WARNING) << "munmap of the premapped region: " << s;
 }
 
 PremappedRegion::Stats PremappedRegion::GetStats() const {
-  Stats stats = startup_stats_;
+  Stats stats;
+  {
+    MutexLock lock(&mu_);
+    stats = stats_;
+  }
   stats.allocator = allocator_->GetStats();
+  stats.background = background_ != nullptr;
+  stats.ready_bytes = stats.allocator.ready_bytes;
   return stats;
 }
 

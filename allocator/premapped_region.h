@@ -25,11 +25,19 @@
 // "Done allocating premapped memory of size <bytes>", with their exact
 // wording (log tools grep for them).
 //
-// Destruction unpins and unmaps everything. REQUIRES: no allocation from
-// the region is used after the region is destroyed.
+// With TPUSHIM_PREMAP=background, Create stops after step 4 and returns a
+// region whose allocator serves nothing yet; StartPremapping() runs step 5
+// (and the DMA registration, chunk by chunk) on a thread of its own, from
+// the low end, growing what the allocator serves as each prefix is
+// populated, locked and reachable by DMA. The lines from "Premapping
+// memory:" on come from that thread. A failure there is logged at ERROR
+// and leaves the region usable up to where it got.
 //
-// Thread-safety: the object is immutable after Create except for its
-// allocator, which is thread-safe.
+// Destruction stops the background work, then unpins and unmaps
+// everything. REQUIRES: no allocation from the region is used after the
+// region is destroyed.
+//
+// Thread-safety: thread-safe; StartPremapping is called once.
 //
 //   TPUSHIM_ASSIGN_OR_RETURN(std::unique_ptr<PremappedRegion> region,
 //                            PremappedRegion::Create(options, os, faults));
@@ -52,6 +60,7 @@
 #include "absl/time/time.h"
 #include "allocator/region_allocator.h"
 #include "allocator/region_pages.h"
+#include "common/mutex.h"
 #include "env/fault_injection.h"
 #include "env/options.h"
 #include "env/os.h"
@@ -78,7 +87,17 @@ class PremappedRegion {
     bool lock_requested = false;  // the mlock call succeeded
     uint64_t locked_bytes = 0;    // bytes the kernel holds locked
     bool locked = false;          // all of it
+    // Until "Done allocating premapped memory": for a background region,
+    // until the whole region was premapped (zero while it is not).
     absl::Duration startup_time;
+    bool background = false;  // TPUSHIM_PREMAP=background
+    // Bytes from the start that are premapped and served; the whole
+    // region once premapping is done.
+    uint64_t ready_bytes = 0;
+    bool premapped = false;  // all of it
+    // Why background premapping stopped short (OK while it runs or when
+    // it finished).
+    absl::Status premap_error;
   };
 
   // Makes the region reachable by the devices' DMA (IOMMU mappings): called
@@ -99,11 +118,38 @@ class PremappedRegion {
   // size is 0. `os` and `faults` (nullable) must outlive the region.
   // `device_numa_node` is the node of the device the region serves, if
   // known. On error nothing stays mapped, locked or registered.
+  // With TPUSHIM_PREMAP=background, `register_for_dma` and `on_progress`
+  // are not used: StartPremapping takes their place.
   static absl::StatusOr<std::unique_ptr<PremappedRegion>> Create(
       const Options& options, Os* os, FaultInjector* faults,
       std::optional<int> device_numa_node = std::nullopt,
       const DmaRegistration& register_for_dma = nullptr,
       const PrefaultProgress& on_progress = nullptr);
+
+  // What the background work tells its owner. Every hook is called from
+  // the premapping thread, never concurrently; none may call into the
+  // region.
+  struct BackgroundHooks {
+    // Makes the first `ready` bytes reachable by the devices' DMA, before
+    // the allocator serves them (increasing, the whole size last). An
+    // error stops premapping there.
+    std::function<absl::Status(uint64_t ready)> extend_dma;
+    PrefaultProgress on_progress;
+    // Once, when the work ends: OK when the whole region is premapped,
+    // else why it stopped (CANCELLED by StopPremapping).
+    std::function<void(const absl::Status&)> on_done;
+  };
+  // Starts premapping a background region behind the caller. REQUIRES:
+  // background() and not called before.
+  void StartPremapping(BackgroundHooks hooks);
+  // Stops the background work where it is and waits for its thread (its
+  // on_done has returned when this does). Idempotent; nothing in the
+  // foreground.
+  void StopPremapping();
+  // Blocks until background premapping has ended and returns how it did
+  // (OK at once in the foreground).
+  absl::Status WaitUntilPremapped();
+  bool background() const { return background_ != nullptr; }
 
   PremappedRegion(const PremappedRegion&) = delete;
   PremappedRegion& operator=(const PremappedRegion&) = delete;
@@ -117,16 +163,37 @@ class PremappedRegion {
   Stats GetStats() const;
 
  private:
-  struct Mapping;
-  PremappedRegion(Os* os, void* mapping, uint64_t mapping_bytes,
-                  std::unique_ptr<RegionAllocator> allocator, Stats stats);
+  // What steps 1-4 leave for pre-faulting.
+  struct Prepared {
+    MappedRange range;
+    uint64_t size = 0;
+    int node = 0;
+    bool locked = false;
+    int mlock_syscalls = 0;
+    int threads = 1;
+    int64_t start_ns = 0;
+  };
+  struct Background;
+
+  PremappedRegion(Os* os, const Prepared& prepared,
+                  std::unique_ptr<RegionAllocator> allocator);
+  // Step 5 onwards: pre-faults, reads back what the kernel did, logs the
+  // start-up lines from "mlock()-ed" to "Done allocating premapped
+  // memory" and records it in stats_. `on_ready` is told each populated
+  // prefix; an error it returns stops pre-faulting.
+  absl::Status Populate(
+      const std::function<absl::Status(uint64_t ready)>& on_ready,
+      const DmaRegistration& register_for_dma);
+  void RunBackground();
 
   // Constant after construction.
   Os* const os_;
-  void* const mapping_;  // what mmap returned after alignment trimming
-  const uint64_t mapping_bytes_;
+  const Prepared prepared_;
   std::unique_ptr<RegionAllocator> allocator_;
-  const Stats startup_stats_;
+  std::unique_ptr<Background> background_;  // null in the foreground
+
+  mutable Mutex mu_;
+  Stats stats_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace tpushim

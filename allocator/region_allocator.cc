@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/time/clock.h"
 #include "common/human_bytes.h"
 #include "logging/log.h"
 
@@ -30,6 +31,9 @@ struct RegionAllocator::Snapshot {
   uint64_t free_bytes = 0;
   uint64_t largest_free = 0;
   uint64_t live = 0;
+  uint64_t ready = 0;
+  bool growing = false;
+  absl::Status stopped;
 };
 
 RegionAllocator::RegionAllocator(void* base, uint64_t capacity, Config config)
@@ -46,6 +50,14 @@ RegionAllocator::RegionAllocator(void* base, uint64_t capacity, Config config)
   const uint32_t whole = NewBlock();
   blocks_[whole].offset = 0;
   blocks_[whole].size = capacity_;
+  if (config.grows) {
+    unready_block_ = whole;
+    growing_ = true;
+    growing_atomic_.store(true, std::memory_order_release);
+    return;
+  }
+  ready_ = capacity_;
+  ready_atomic_.store(capacity_, std::memory_order_release);
   InsertFree(whole);
 }
 
@@ -286,11 +298,35 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
     }
   }
 
+  void* result = nullptr;
+  int64_t waited_ns = -1;  // -1: no wait
+  uint64_t ready = 0;
   {
     MutexLock lock(&mu_);
-    if (void* result = TakeBlockLocked(size, alignment)) return result;
-    ++failures_;
+    // A growing range: wait for more of it while none of the ready part
+    // serves the request.
+    int64_t wait_start_ns = 0;
+    for (;;) {
+      result = TakeBlockLocked(size, alignment);
+      if (result != nullptr || !growing_) break;
+      if (wait_start_ns == 0) wait_start_ns = absl::GetCurrentTimeNanos();
+      ready_cv_.Wait(&mu_);
+    }
+    if (wait_start_ns != 0) {
+      waited_ns = absl::GetCurrentTimeNanos() - wait_start_ns;
+      ++ready_waits_;
+      ready_wait_ns_ += waited_ns;
+    }
+    ready = ready_;
+    if (result == nullptr) ++failures_;
   }
+  if (waited_ns >= 0) {
+    VLOG(1) << "Allocating " << HumanReadableBytes(size) << " from " << What()
+            << " waited " << absl::StrFormat("%.3f", waited_ns / 1e6)
+            << " ms for it to be premapped (" << ready << " of " << capacity_
+            << " bytes ready)";
+  }
+  if (result != nullptr) return result;
   absl::Status status = OutOfMemory(size);
   LogFailure(status);
   return status;
@@ -324,29 +360,7 @@ absl::Status RegionAllocator::Free(void* ptr) {
       live_.erase(it);
       bytes_in_use_ -= blocks_[b].size;
       ++frees_;
-      // Coalesce with free neighbours; the lower block absorbs the upper.
-      const uint32_t next = blocks_[b].next_phys;
-      if (next != kNil && blocks_[next].free) {
-        RemoveFree(next);
-        blocks_[b].size += blocks_[next].size;
-        blocks_[b].next_phys = blocks_[next].next_phys;
-        if (blocks_[next].next_phys != kNil) {
-          blocks_[blocks_[next].next_phys].prev_phys = b;
-        }
-        ReleaseBlock(next);
-      }
-      const uint32_t prev = blocks_[b].prev_phys;
-      if (prev != kNil && blocks_[prev].free) {
-        RemoveFree(prev);
-        blocks_[prev].size += blocks_[b].size;
-        blocks_[prev].next_phys = blocks_[b].next_phys;
-        if (blocks_[b].next_phys != kNil) {
-          blocks_[blocks_[b].next_phys].prev_phys = prev;
-        }
-        ReleaseBlock(b);
-        b = prev;
-      }
-      InsertFree(b);
+      FreeBlockLocked(b);
       return absl::OkStatus();
     }
   }
@@ -354,6 +368,63 @@ absl::Status RegionAllocator::Free(void* ptr) {
       "Free(%p): not a live allocation of %s (freed twice, or a pointer "
       "into the middle of a buffer)",
       ptr, What()));
+}
+
+void RegionAllocator::FreeBlockLocked(uint32_t b) {
+  // Coalesce with free neighbours; the lower block absorbs the upper.
+  const uint32_t next = blocks_[b].next_phys;
+  if (next != kNil && blocks_[next].free) {
+    RemoveFree(next);
+    blocks_[b].size += blocks_[next].size;
+    blocks_[b].next_phys = blocks_[next].next_phys;
+    if (blocks_[next].next_phys != kNil) {
+      blocks_[blocks_[next].next_phys].prev_phys = b;
+    }
+    ReleaseBlock(next);
+  }
+  const uint32_t prev = blocks_[b].prev_phys;
+  if (prev != kNil && blocks_[prev].free) {
+    RemoveFree(prev);
+    blocks_[prev].size += blocks_[b].size;
+    blocks_[prev].next_phys = blocks_[b].next_phys;
+    if (blocks_[b].next_phys != kNil) {
+      blocks_[blocks_[b].next_phys].prev_phys = prev;
+    }
+    ReleaseBlock(b);
+    b = prev;
+  }
+  InsertFree(b);
+}
+
+void RegionAllocator::Grow(uint64_t ready) {
+  {
+    MutexLock lock(&mu_);
+    ready = std::min(capacity_, ready / kUnit * kUnit);
+    if (unready_block_ == kNil || !growing_ || ready <= ready_) return;
+    uint32_t b = unready_block_;
+    if (ready < capacity_) {
+      unready_block_ = SplitAt(b, ready - ready_);
+    } else {
+      unready_block_ = kNil;
+      growing_ = false;
+      growing_atomic_.store(false, std::memory_order_release);
+    }
+    ready_ = ready;
+    ready_atomic_.store(ready, std::memory_order_release);
+    FreeBlockLocked(b);
+  }
+  ready_cv_.SignalAll();
+}
+
+void RegionAllocator::StopGrowing(const absl::Status& why) {
+  {
+    MutexLock lock(&mu_);
+    if (!growing_) return;
+    growing_ = false;
+    growing_atomic_.store(false, std::memory_order_release);
+    growth_stopped_ = why;
+  }
+  ready_cv_.SignalAll();
 }
 
 uint64_t RegionAllocator::AllocationSize(const void* ptr) const {
@@ -375,7 +446,12 @@ uint64_t RegionAllocator::LargestFreeLocked() const {
 }
 
 RegionAllocator::Snapshot RegionAllocator::TakeSnapshot() const {
-  return Snapshot{capacity_ - bytes_in_use_, LargestFreeLocked(), live_.size()};
+  return Snapshot{.free_bytes = ready_ - bytes_in_use_,
+                  .largest_free = LargestFreeLocked(),
+                  .live = live_.size(),
+                  .ready = ready_,
+                  .growing = growing_,
+                  .stopped = growth_stopped_};
 }
 
 absl::Status RegionAllocator::OutOfMemory(uint64_t size) {
@@ -397,14 +473,24 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size) {
   // Space a larger region adds is page-aligned: it holds any alignment.
   const uint64_t needed = RoundUp(size, kUnit);
   std::string hint;
-  if (needed <= s.free_bytes) {
+  if (s.ready < capacity_) {
+    // Only a region that stopped short gets here: a growing one waits.
     hint = absl::StrCat(
+        "Premapping the region stopped after ", s.ready, " of its ", capacity_,
+        " bytes (",
+        s.stopped.ok() ? std::string("stopped") : s.stopped.ToString(),
+        "); the rest of it is not used. ");
+  }
+  if (needed <= s.free_bytes) {
+    absl::StrAppend(
+        &hint,
         "The free space is fragmented: no single free block is large "
         "enough. Free buffers in the order they were allocated, reuse "
         "buffers of one size, or raise TPU_PREMAPPED_BUFFER_SIZE above ",
         capacity_, ".");
   } else {
-    hint = absl::StrCat(
+    absl::StrAppend(
+        &hint,
         "With the buffers now live, TPU_PREMAPPED_BUFFER_SIZE would have to "
         "be at least ",
         RoundUp(capacity_ + (needed - s.free_bytes), 4096), " (it is ",
@@ -427,7 +513,7 @@ RegionAllocator::Stats RegionAllocator::GetStats() const {
   stats.threshold_bytes = threshold_;
   stats.bytes_in_use = bytes_in_use_;
   stats.peak_bytes_in_use = peak_bytes_in_use_;
-  stats.free_bytes = capacity_ - bytes_in_use_;
+  stats.free_bytes = ready_ - bytes_in_use_;
   stats.largest_free_block = LargestFreeLocked();
   stats.fragmentation =
       stats.free_bytes == 0
@@ -439,6 +525,10 @@ RegionAllocator::Stats RegionAllocator::GetStats() const {
   stats.failures = failures_;
   stats.live_allocations = live_.size();
   stats.free_blocks = free_block_count_;
+  stats.ready_bytes = ready_;
+  stats.growing = growing_;
+  stats.ready_waits = ready_waits_;
+  stats.ready_wait_ns = ready_wait_ns_;
   return stats;
 }
 
@@ -450,11 +540,13 @@ void RegionAllocator::ResetPeak() {
 std::string RegionAllocator::DebugDump() const {
   // Copy the block list under the lock; format without it.
   std::vector<Block> blocks;
+  uint64_t ready;
   {
     MutexLock lock(&mu_);
-    blocks.reserve(live_.size() + free_block_count_);
+    ready = ready_;
+    blocks.reserve(live_.size() + free_block_count_ + 1);
     for (uint32_t b = 0; b != kNil; b = blocks_[b].next_phys) {
-      blocks.push_back(blocks_[b]);
+      if (b != unready_block_) blocks.push_back(blocks_[b]);
     }
   }
 
@@ -480,6 +572,10 @@ std::string RegionAllocator::DebugDump() const {
   std::string out = absl::StrCat(
       "Premapped region dump: ", HumanReadableBytes(capacity_), " at ",
       absl::StrFormat("%p", base()), ", ", blocks.size(), " blocks\n");
+  if (ready < capacity_) {
+    absl::StrAppend(&out, "  not premapped (not served): the last ",
+                    HumanReadableBytes(capacity_ - ready), "\n");
+  }
   for (const auto& [cls, t] : classes) {
     const uint64_t lo =
         cls.first == 0
@@ -497,7 +593,8 @@ std::string RegionAllocator::DebugDump() const {
     absl::StrAppend(&out, " ", HumanReadableBytes(free_sizes[i]));
   }
   if (free_sizes.empty()) absl::StrAppend(&out, " none");
-  absl::StrAppend(&out, "\n  occupancy ('#' used, '+' partly, '.' free): ");
+  absl::StrAppend(&out, "\n  occupancy ('#' used, '+' partly, '.' free",
+                  ready < capacity_ ? ", ' ' not premapped" : "", "): ");
 
   // 100 cells, each the used fraction of capacity/100 bytes.
   constexpr int kCells = 100;
@@ -515,6 +612,10 @@ std::string RegionAllocator::DebugDump() const {
   }
   for (int c = 0; c < kCells; ++c) {
     const uint64_t cell = cell_begin(c + 1) - cell_begin(c);
+    if (cell_begin(c) >= ready) {
+      out += ' ';
+      continue;
+    }
     out += used[c] == 0 ? '.' : (used[c] >= cell ? '#' : '+');
   }
   return out;
@@ -547,6 +648,10 @@ absl::Status RegionAllocator::CheckInvariantsLocked() const {
             "free block at offset ", block.offset, " has no bitmap bit"));
       }
       ++free_blocks;
+    } else if (b == unready_block_) {
+      if (block.offset != ready_ || block.next_phys != kNil) {
+        return absl::InternalError("the unready block is not the tail");
+      }
     } else {
       auto it = live_.find(block.offset);
       if (it == live_.end() || it->second != b) {

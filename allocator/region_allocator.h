@@ -26,6 +26,13 @@
 // Free of a pointer that is not a live allocation (foreign pointer, double
 // free) are INVALID_ARGUMENT and change nothing.
 //
+// A region populated behind the caller (TPUSHIM_PREMAP=background) is
+// served from its low end as it becomes ready: the allocator is made with
+// `grows`, serves nothing until Grow() says how many bytes from the start
+// are ready, and an Allocate that finds no block in the ready part waits
+// for more (counted in Stats) until the region is whole or StopGrowing()
+// says it never will be. TryAllocate never waits.
+//
 // Thread-safety: all methods are thread-safe. One Mutex guards the
 // free lists; the critical sections are a few bitmap operations and one
 // hash-map update, and nothing slow (logging, formatting, system calls)
@@ -40,6 +47,7 @@
 #define TPUSHIM_ALLOCATOR_REGION_ALLOCATOR_H_
 
 #include <array>
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -82,6 +90,9 @@ class RegionAllocator {
     // Consulted at fault point `alloc` on every Allocate; may be null.
     // Must outlive the allocator.
     FaultInjector* faults = nullptr;
+    // The range is populated behind the allocator: nothing is served until
+    // Grow() (see the class comment).
+    bool grows = false;
   };
 
   struct Stats {
@@ -98,6 +109,13 @@ class RegionAllocator {
     uint64_t failures = 0;     // Allocate calls that returned an error
     uint64_t live_allocations = 0;
     uint64_t free_blocks = 0;
+    // Bytes from the start that can be served: the capacity, except while
+    // a growing range is populated (or after it stopped short).
+    uint64_t ready_bytes = 0;
+    bool growing = false;  // Grow() is still expected
+    // Allocate calls that waited for the range to grow, and how long.
+    uint64_t ready_waits = 0;
+    int64_t ready_wait_ns = 0;
   };
 
   // Manages [base, base + capacity). `base` must be 4096-aligned and
@@ -122,6 +140,23 @@ class RegionAllocator {
   // Returns a block from Allocate to the region. INVALID_ARGUMENT (and no
   // change) for anything else.
   absl::Status Free(void* ptr);
+
+  // A growing allocator: the first `ready` bytes (rounded down to 64) can
+  // be served from now on. Smaller values than before are ignored; the
+  // capacity ends the growth.
+  void Grow(uint64_t ready);
+  // A growing allocator: no more Grow() is coming (`why` says why, e.g.
+  // the premapping failed); waiting Allocate calls return with what the
+  // ready part can give, and the error names `why`.
+  void StopGrowing(const absl::Status& why);
+  // Bytes from the start that can be served. Lock-free.
+  uint64_t ready_bytes() const {
+    return ready_atomic_.load(std::memory_order_acquire);
+  }
+  // Whether more is still to come from Grow(). Lock-free.
+  bool growing() const {
+    return growing_atomic_.load(std::memory_order_acquire);
+  }
 
   // True when [ptr, ptr + length) lies inside the region. O(1), lock-free.
   bool Contains(const void* ptr, uint64_t length) const {
@@ -180,6 +215,8 @@ class RegionAllocator {
   void LogFailure(const absl::Status& status) const;
 
   uint32_t NewBlock() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks `b` free, merged with its free neighbours.
+  void FreeBlockLocked(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReleaseBlock(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void InsertFree(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RemoveFree(uint32_t b) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -229,6 +266,17 @@ class RegionAllocator {
   uint64_t frees_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failures_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t free_block_count_ ABSL_GUARDED_BY(mu_) = 0;
+  // Growth: [ready_, capacity_) is one block, unready_block_, neither free
+  // nor live, until it is ready.
+  uint64_t ready_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t unready_block_ ABSL_GUARDED_BY(mu_) = kNil;
+  bool growing_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status growth_stopped_ ABSL_GUARDED_BY(mu_);
+  uint64_t ready_waits_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t ready_wait_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  CondVar ready_cv_;
+  std::atomic<uint64_t> ready_atomic_{0};
+  std::atomic<bool> growing_atomic_{false};
 };
 
 }  // namespace tpushim
