@@ -173,6 +173,26 @@ class Device {
   // descriptor in flight names the window.
   virtual absl::Status UnregisterHostWindow(HostWindowId window) = 0;
 
+  // A window over memory that is still being populated (the premapped
+  // region premapped behind the caller): registered now, but only its
+  // first ExtendHostWindow() bytes are DMA'd; a device that maps host
+  // memory (an IOMMU) maps it as it grows, so that mapping, which pins,
+  // never touches pages not populated yet. Unregistered as any window.
+  // The default registers the whole window at once, for devices that map
+  // nothing.
+  virtual absl::StatusOr<HostWindowId> ReserveHostWindow(const void* base,
+                                                         uint64_t length) {
+    return RegisterHostWindow(base, length);
+  }
+  // Makes the first `usable` bytes of a reserved window reachable by DMA
+  // (increasing; the window's length at most). The default has nothing to
+  // do.
+  virtual absl::Status ExtendHostWindow(HostWindowId window, uint64_t usable) {
+    (void)window;
+    (void)usable;
+    return absl::OkStatus();
+  }
+
   // ---- DMA ----------------------------------------------------------------
 
   // Copies descriptors into the ring of `direction` in order, as many as

@@ -63,8 +63,74 @@ void PinnedHostBuffer::Reset() {
   size_ = 0;
 }
 
+// Start-up progress: told by Create and, for a region premapped in the
+// background, by the premapping thread after Create returned; read by
+// System::premap_progress. Reports reach the callback at most every 50 ms
+// while premapping, always with the last byte, and once with kDone.
+class StartupReporter {
+ public:
+  StartupReporter(Os* os, int64_t start_ns, StartupProgressCallback callback)
+      : os_(os), start_ns_(start_ns), callback_(std::move(callback)) {}
+
+  // Calls are never concurrent (Create, then the premapping thread).
+  void Premapping(uint64_t done, uint64_t total) {
+    const int64_t now = os_->MonotonicNanos();
+    bool tell;
+    {
+      MutexLock lock(&mu_);
+      done_ = done;
+      total_ = total;
+      tell = callback_ != nullptr && (done >= total || last_report_ns_ == 0 ||
+                                      now - last_report_ns_ >= 50'000'000);
+      if (tell) last_report_ns_ = now;
+    }
+    if (tell) {
+      callback_(StartupProgress{.phase = StartupProgress::Phase::kPremapping,
+                                .done_bytes = done,
+                                .total_bytes = total,
+                                .elapsed = absl::Nanoseconds(now - start_ns_)});
+    }
+  }
+  // Once.
+  void Done() {
+    StartupProgress p;
+    {
+      MutexLock lock(&mu_);
+      if (end_ns_ != 0) return;
+      end_ns_ = os_->MonotonicNanos();
+      p = SnapshotLocked();
+    }
+    if (callback_) callback_(p);
+  }
+  StartupProgress Snapshot() const {
+    MutexLock lock(&mu_);
+    return SnapshotLocked();
+  }
+
+ private:
+  StartupProgress SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    const int64_t end = end_ns_ != 0 ? end_ns_ : os_->MonotonicNanos();
+    return StartupProgress{.phase = end_ns_ != 0
+                                        ? StartupProgress::Phase::kDone
+                                        : StartupProgress::Phase::kPremapping,
+                           .done_bytes = done_,
+                           .total_bytes = total_,
+                           .elapsed = absl::Nanoseconds(end - start_ns_)};
+  }
+
+  Os* const os_;
+  const int64_t start_ns_;
+  const StartupProgressCallback callback_;
+  mutable Mutex mu_;
+  int64_t last_report_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t end_ns_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t done_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t total_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
 struct System::Impl {
   Options options;
+  std::unique_ptr<StartupReporter> startup;
   // From TPUSHIM_FAULTS; null when SystemFactory's caller injects faults.
   std::unique_ptr<FaultInjector> faults;
   std::unique_ptr<FaultInjectingOs> os;
@@ -77,8 +143,11 @@ struct System::Impl {
   absl::Duration init_time;
 
   ~Impl() {
-    // Engine first (it drains into the devices and the region), then the
-    // region's buffers are orphaned, then devices and region go.
+    // Premapping behind the caller first (it extends the devices' windows
+    // of the region), then the engine (it drains into the devices and the
+    // region), then the region's buffers are orphaned, then devices and
+    // region go.
+    if (region) region->StopPremapping();
     if (engine) engine->Shutdown();
     engine.reset();
     {
@@ -126,30 +195,15 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     const OptionOverrides& overrides, Os* base_os, FaultInjector* faults,
     StartupProgressCallback progress) {
   const int64_t start_ns = base_os->MonotonicNanos();
-  // Progress: at most every 50 ms while premapping, always the last byte,
-  // and kDone however Create returns.
-  int64_t last_report_ns = 0;
-  auto report = [&](StartupProgress::Phase phase, uint64_t done,
-                    uint64_t total) {
-    const int64_t now = base_os->MonotonicNanos();
-    if (phase == StartupProgress::Phase::kPremapping && done < total &&
-        last_report_ns != 0 && now - last_report_ns < 50'000'000) {
-      return;
-    }
-    last_report_ns = now;
-    progress(StartupProgress{.phase = phase,
-                             .done_bytes = done,
-                             .total_bytes = total,
-                             .elapsed = absl::Nanoseconds(now - start_ns)});
-  };
-  uint64_t premapped_done = 0;
-  uint64_t premapped_total = 0;
-  absl::Cleanup done = [&] {
-    if (progress) {
-      report(StartupProgress::Phase::kDone, premapped_done, premapped_total);
-    }
-  };
   auto impl = std::make_unique<System::Impl>();
+  impl->startup =
+      std::make_unique<StartupReporter>(base_os, start_ns, std::move(progress));
+  StartupReporter* const startup = impl->startup.get();
+  // kDone however Create returns, unless premapping goes on behind it.
+  bool premapping_behind = false;
+  absl::Cleanup done = [&] {
+    if (!premapping_behind) startup->Done();
+  };
   TPUSHIM_ASSIGN_OR_RETURN(impl->options, ResolveOptions(*base_os, overrides));
   const Options& options = impl->options;
 
@@ -244,15 +298,12 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     }
     return absl::OkStatus();
   };
-  PremappedRegion::PrefaultProgress on_progress = nullptr;
-  if (progress) {
-    premapped_total = options.premapped_buffer_size.value;
-    report(StartupProgress::Phase::kPremapping, 0, premapped_total);
-    on_progress = [&](uint64_t done_bytes, uint64_t total) {
-      premapped_done = done_bytes;
-      premapped_total = total;
-      report(StartupProgress::Phase::kPremapping, done_bytes, total);
-    };
+  const PremappedRegion::PrefaultProgress on_progress =
+      [startup](uint64_t done_bytes, uint64_t total) {
+        startup->Premapping(done_bytes, total);
+      };
+  if (options.premapped_region_enabled()) {
+    startup->Premapping(0, options.premapped_buffer_size.value);
   }
   TPUSHIM_ASSIGN_OR_RETURN(
       impl->region, PremappedRegion::Create(options, os, injector, device_node,
@@ -262,10 +313,51 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     impl->owner->allocator =
         impl->region ? &impl->region->allocator() : nullptr;
   }
+  // Premapped behind the caller: each device's window over the region is
+  // reserved now and grows as the region is premapped, chunk by chunk.
+  if (impl->region != nullptr && impl->region->background()) {
+    void* const base = impl->region->base();
+    const uint64_t size = impl->region->size();
+    for (const auto& d : impl->devices) {
+      absl::StatusOr<HostWindowId> w = d->ReserveHostWindow(base, size);
+      if (!w.ok()) {
+        for (size_t j = 0; j < region_windows.size(); ++j) {
+          (void)impl->devices[j]->UnregisterHostWindow(region_windows[j]);
+        }
+        return absl::Status(
+            w.status().code(),
+            absl::StrCat("Registering the premapped region with ",
+                         d->info().name, " failed: ", w.status().message()));
+      }
+      region_windows.push_back(*w);
+    }
+  }
+  const std::vector<HostWindowId> windows = region_windows;
   TPUSHIM_ASSIGN_OR_RETURN(
       impl->engine, TransferEngine::Create(std::move(raw), impl->region.get(),
                                            os, std::move(engine_config),
                                            std::move(region_windows)));
+  if (impl->region != nullptr && impl->region->background()) {
+    std::vector<Device*> devices;
+    for (auto& d : impl->devices) devices.push_back(d.get());
+    impl->region->StartPremapping(PremappedRegion::BackgroundHooks{
+        .extend_dma = [devices, windows](uint64_t ready) -> absl::Status {
+          for (size_t i = 0; i < devices.size(); ++i) {
+            absl::Status s = devices[i]->ExtendHostWindow(windows[i], ready);
+            if (!s.ok()) {
+              return absl::Status(
+                  s.code(), absl::StrCat("Registering the premapped region "
+                                         "with ",
+                                         devices[i]->info().name,
+                                         " failed: ", s.message()));
+            }
+          }
+          return absl::OkStatus();
+        },
+        .on_progress = on_progress,
+        .on_done = [startup](const absl::Status&) { startup->Done(); }});
+    premapping_behind = true;
+  }
 
   LOG(INFO) << "tpu::System initialized, current host id: 0, logical device "
                "ids: "
@@ -309,6 +401,15 @@ const DeviceDescription& System::device(int device) const {
 }
 
 absl::Duration System::init_time() const { return impl_->init_time; }
+
+StartupProgress System::premap_progress() const {
+  return impl_->startup->Snapshot();
+}
+
+absl::Status System::AwaitPremapped() {
+  if (impl_->region == nullptr) return absl::OkStatus();
+  return impl_->region->WaitUntilPremapped();
+}
 
 uint64_t System::premapped_bytes() const {
   return impl_->options.premapped_buffer_size.value;
@@ -416,6 +517,13 @@ SystemStats System::GetStats() const {
     s.region.locked_bytes = r.locked_bytes;
     s.region.locked = r.locked;
     s.region.startup_time = r.startup_time;
+    s.region.background = r.background;
+    s.region.ready_bytes = r.ready_bytes;
+    s.region.premapped = r.premapped;
+    s.region.premap_error =
+        r.premap_error.ok() ? std::string() : r.premap_error.ToString();
+    s.region.ready_waits = r.allocator.ready_waits;
+    s.region.ready_wait_time = absl::Nanoseconds(r.allocator.ready_wait_ns);
   }
   const std::vector<DeviceMemoryUse> use = impl_->engine->GetMemoryUse();
   for (size_t i = 0; i < impl_->devices.size(); ++i) {

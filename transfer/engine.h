@@ -266,6 +266,12 @@ class Engine {
   // fall back to pinning; *rerouted: it is staged only for that.
   TransferPath PathFor(const void* host, uint64_t size, int device, int* reason,
                        bool* misaligned, bool* rerouted) const;
+  // Whether the region's staging room is premapped (always, unless it is
+  // premapped behind the caller and not that far yet). REQUIRES: a region.
+  bool StagingReady() const {
+    return region_->allocator().ready_bytes() >=
+           std::min(max_staging_, region_->size());
+  }
   TransferEngine::Stats GetStats() const;
   std::vector<DeviceMemoryUse> GetMemoryUse() const;
 
@@ -456,7 +462,9 @@ class Engine {
   };
   std::array<std::array<PathCounters, kTransferPathCount>, 2> host_stats_;
   PathCounters d2d_stats_;
-  std::array<std::atomic<uint64_t>, 3> pinned_reasons_{};
+  // Why transfers were pinned: 0 above the threshold, 1 region off, 2 no
+  // staging freed in time, 3 staging space not premapped yet.
+  std::array<std::atomic<uint64_t>, 4> pinned_reasons_{};
   std::atomic<uint64_t> staged_misaligned_{0};
 
   // Rate limit of the pinned-path WARNING.

@@ -228,6 +228,21 @@ void Engine::WarnPinned(const Op& op, int reason) {
           "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE=0, so "
           "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES is 0)";
       break;
+    case 3: {
+      const uint64_t ready = region_->allocator().ready_bytes();
+      const PremappedRegion::Stats r = region_->GetStats();
+      why = r.premap_error.ok()
+                ? absl::StrCat("staging space is not premapped yet (",
+                               HumanReadableBytes(ready), " of the ",
+                               HumanReadableBytes(region_->size()),
+                               " region premapped so far, TPUSHIM_PREMAP="
+                               "background)")
+                : absl::StrCat("premapping the region stopped after ",
+                               HumanReadableBytes(ready),
+                               ", too little for staging (",
+                               r.premap_error.ToString(), ")");
+      break;
+    }
     default:
       why = absl::StrCat(
           "no staging space in the premapped region freed up within ",

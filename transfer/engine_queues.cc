@@ -28,6 +28,11 @@ TransferPath Engine::PathFor(const void* host, uint64_t size, int device,
     path = TransferPath::kZeroCopy;
   } else if (size <= threshold_) {
     path = TransferPath::kStaged;
+    // Premapped behind the caller: no staging until its room is ready.
+    if (!StagingReady()) {
+      path = TransferPath::kPinned;
+      *reason = 3;
+    }
   }
   // A buffer the device cannot DMA where it is goes through staging, whose
   // buffers are page-aligned, whatever its size.
@@ -126,8 +131,9 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
   op->device = a->device;
   // Staged whatever the size: the copy through staging is the relayout.
   // With the region off, the pinned path DMAs a heap image.
-  op->path = region_ == nullptr ? TransferPath::kPinned : TransferPath::kStaged;
-  op->pin_reason = region_ == nullptr ? 1 : 0;
+  op->path = region_ == nullptr || !StagingReady() ? TransferPath::kPinned
+                                                   : TransferPath::kStaged;
+  op->pin_reason = region_ == nullptr ? 1 : (StagingReady() ? 0 : 3);
   op->relayout = &shape.plan;
   op->image_bytes = a->image_bytes;
   if (to_device) {
@@ -319,10 +325,10 @@ std::string Engine::PathReason(const Op& op) const {
       return absl::StrCat("caller memory of at most the threshold, ",
                           threshold_, " bytes");
     case TransferPath::kPinned:
-      return op.pin_reason == 1
-                 ? std::string("the premapped region is off")
-                 : absl::StrCat("caller memory above the threshold, ",
-                                threshold_, " bytes");
+      if (op.pin_reason == 1) return "the premapped region is off";
+      if (op.pin_reason == 3) return "staging space not premapped yet";
+      return absl::StrCat("caller memory above the threshold, ", threshold_,
+                          " bytes");
   }
   return "";
 }

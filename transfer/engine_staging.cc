@@ -111,10 +111,12 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
   if (op.misaligned) {
     // The device cannot DMA the caller's buffer, so pinning is no way out:
     // wait on while staging is in flight (it comes back as its DMA
-    // completes); with none in flight the region is full of the
-    // application's buffers and waiting would never end.
+    // completes) or the region is still being premapped (it grows); with
+    // neither, the region is full of the application's buffers and
+    // waiting would never end.
     while (*first == nullptr && !closing_.load(std::memory_order_acquire) &&
-           staging_in_flight_.load(std::memory_order_acquire) > 0) {
+           (staging_in_flight_.load(std::memory_order_acquire) > 0 ||
+            region_->allocator().growing())) {
       *first = AcquireStaging(op.staging_chunk,
                               os_->MonotonicNanos() + absl::ToInt64Nanoseconds(
                                                           config_.staging_wait),

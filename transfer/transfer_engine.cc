@@ -253,6 +253,7 @@ TransferEngine::Stats Engine::GetStats() const {
   s.pinned_over_threshold = pinned_reasons_[0].load(std::memory_order_relaxed);
   s.pinned_region_off = pinned_reasons_[1].load(std::memory_order_relaxed);
   s.pinned_staging_timeout = pinned_reasons_[2].load(std::memory_order_relaxed);
+  s.pinned_not_premapped = pinned_reasons_[3].load(std::memory_order_relaxed);
   s.staged_misaligned = staged_misaligned_.load(std::memory_order_relaxed);
   s.pinned_bytes_now = pins_.pinned_bytes();
   {

@@ -242,8 +242,12 @@ typedef struct TpuShim_StartupProgress {
 
 /* Called from a library thread during System_Create, never concurrently,
  * at most about 20 times a second and once with every byte done, then
- * once with phase 1. `progress` is valid only during the call. It must
- * return quickly and not call into the library. */
+ * once with phase 1. With TPUSHIM_PREMAP=background the calls go on after
+ * System_Create returned, from the premapping thread, until phase 1 (or
+ * until System_Destroy, which stops premapping and makes the phase 1
+ * call): `progress_user_data` must stay valid until then. `progress` is
+ * valid only during the call. It must return quickly and not call into
+ * the library. */
 typedef void TpuShim_StartupProgress_Fn(const TpuShim_StartupProgress* progress,
                                         void* user_data);
 

@@ -51,6 +51,9 @@ struct TransferStats {
   uint64_t pinned_over_threshold = 0;
   uint64_t pinned_region_off = 0;
   uint64_t pinned_staging_timeout = 0;
+  // Pinned because staging space was not premapped yet
+  // (TPUSHIM_PREMAP=background) or premapping stopped short of it.
+  uint64_t pinned_not_premapped = 0;
   // Transfers staged whatever their size because the device cannot DMA the
   // caller's buffer where it is (not aligned to its host alignment).
   uint64_t staged_misaligned = 0;
@@ -93,7 +96,21 @@ struct RegionStats {
   int prefault_threads = 0;
   uint64_t locked_bytes = 0;  // bytes the kernel holds locked
   bool locked = false;        // all of the region
+  // Until the region was premapped (with TPUSHIM_PREMAP=background, after
+  // System::Create returned; zero until then).
   absl::Duration startup_time;
+  // TPUSHIM_PREMAP=background: the region is premapped behind the caller.
+  bool background = false;
+  // Bytes from the start that are premapped and served (all of them once
+  // premapping is done), and whether that is the whole region.
+  uint64_t ready_bytes = 0;
+  bool premapped = false;
+  // Why background premapping stopped short ("" when it did not).
+  std::string premap_error;
+  // Allocations that waited for more of the region to be premapped, and
+  // how long they waited in all.
+  uint64_t ready_waits = 0;
+  absl::Duration ready_wait_time;
 };
 
 struct DeviceStats {

@@ -113,7 +113,10 @@ struct StartupProgress {
 };
 // Called from a runtime thread, never concurrently, at most about 20 times
 // a second and once more with every byte done, then once with kDone. It
-// must return quickly and not call into tpushim.
+// must return quickly and not call into tpushim. With
+// TPUSHIM_PREMAP=background, Create returns while premapping goes on, and
+// the calls go on from the premapping thread until kDone (or until the
+// system is destroyed, which stops premapping).
 using StartupProgressCallback = std::function<void(const StartupProgress&)>;
 
 class TPUSHIM_EXPORT System {
@@ -138,6 +141,16 @@ class TPUSHIM_EXPORT System {
   const DeviceDescription& device(int device) const;
   // Start-up time (options to the last start-up line).
   absl::Duration init_time() const;
+  // How far premapping the region has come: kPremapping with the bytes
+  // premapped and served so far, or kDone once the whole region is (at
+  // once for a region premapped in the foreground or off), with the time
+  // since Create was called (at the end, the time the region took).
+  StartupProgress premap_progress() const;
+  // Blocks until the region is premapped (TPUSHIM_PREMAP=background) and
+  // returns OK, or why premapping stopped short (the region then serves
+  // only its first part, and the rest of the runtime works on). OK at
+  // once when the region was premapped in the foreground or is off.
+  absl::Status AwaitPremapped();
   // TPU_PREMAPPED_BUFFER_SIZE and the threshold in force (0 when off).
   uint64_t premapped_bytes() const;
   uint64_t transfer_threshold_bytes() const;

@@ -322,6 +322,68 @@ TEST_F(FaultSweepTest, EveryStartupCallFailsCleanly) {
   EXPECT_GE(Calls(*report, FaultPoint::kLogOpen), 1u);
 }
 
+// Premapped behind the caller (TPUSHIM_PREMAP=background): every call of
+// start-up and of the premapping that follows it fails in turn. Creation
+// may fail only where the foreground's may; a failure behind the caller
+// ends premapping with the injected status (AwaitPremapped) and the
+// system goes on working on the part that is ready. The window closes
+// once premapping has ended, so its calls are all inside it.
+TEST_F(FaultSweepTest, EveryBackgroundStartupCallFailsCleanly) {
+  absl::StatusOr<FaultSweepReport> report =
+      Sweep("background start-up", [&](FaultSweepRun& run) {
+        logging::ShutdownLogging();
+        TempDir logs;
+        StderrCapture diagnostics;
+        {
+          OptionOverrides o = SweepOptions(logs.path());
+          o.premap = PremapMode::kBackground;
+          run.Arm();
+          absl::StatusOr<std::unique_ptr<System>> system = Start(o);
+          const absl::Status premapped =
+              system.ok() ? (*system)->AwaitPremapped() : absl::OkStatus();
+          CloseWindow(run);
+          if (!system.ok()) {
+            ASSERT_TRUE(run.point().has_value())
+                << "start-up failed with nothing injected: " << system.status();
+            EXPECT_EQ(*run.point(), FaultPoint::kMmap) << system.status();
+            EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
+          } else if (!premapped.ok()) {
+            // Pre-faulting failed behind the caller.
+            ASSERT_TRUE(run.point().has_value()) << premapped;
+            EXPECT_EQ(*run.point(), FaultPoint::kMadvise) << premapped;
+            EXPECT_EQ(premapped.code(), InjectedCode(*run.point()));
+            EXPECT_THAT(premapped.message(), HasSubstr(run.InjectedTag()));
+            const SystemStats stats = (*system)->GetStats();
+            EXPECT_FALSE(stats.region.premapped);
+            EXPECT_THAT(stats.region.premap_error,
+                        HasSubstr(run.InjectedTag()));
+            EXPECT_THAT(InfoLog(logs),
+                        HasSubstr("Premapping the region failed after "));
+          } else {
+            const std::string info = InfoLog(logs);
+            if (!info.empty()) {
+              EXPECT_EQ(
+                  StartupLinesProblems(
+                      info, {.region_bytes = kRegionBytes,
+                             .threshold_bytes = kThresholdBytes,
+                             .devices = kDevices,
+                             .locked = (*system)->GetStats().region.locked,
+                             .background = true}),
+                  "");
+            }
+          }
+          // Whatever premapping reached, data move.
+          if (system.ok()) {
+            EXPECT_TRUE(RoundTrip(**system, 256 * kKiB));
+          }
+        }
+        ExpectNothingLeft(logs);
+      });
+  ASSERT_TRUE(report.ok()) << report.status();
+  // Pre-faulting calls madvise once per chunk of the region.
+  EXPECT_GE(Calls(*report, FaultPoint::kMadvise), 2u);
+}
+
 // ---- Transfers --------------------------------------------------------------
 
 struct TransferCase {

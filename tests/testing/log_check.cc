@@ -159,21 +159,25 @@ std::string StartupLinesProblems(const std::string& info,
   const std::string mlocked =
       "^mlock[(][)]-ed [0-9]+ bytes for premapped region, using [1-9][0-9]* "
       "syscalls[.]$";
-  if (expected.locked) wanted.push_back(mlocked);
-  for (const std::string& line : std::vector<std::string>{
-           absl::StrCat("^Done premapping memory of size ", size,
-                        " in [0-9]+[.][0-9]{3}s [(][^)]+[)]$"),
-           absl::StrCat("^Done allocating premapped memory of size ", size,
-                        "$"),
-           absl::StrCat("^tpu::System initialized, current host id: 0, "
-                        "logical device ids: ",
-                        absl::StrJoin(ids, ","), "$"),
-           "^CreateTpuSystemState: TPU initialization is successful and it "
-           "took [0-9]+[.][0-9]{9}s$",
-           absl::StrCat("^CreateTpuSystemState: using TPU host premapped "
-                        "buffer of size: ",
-                        size, "$")}) {
-    wanted.push_back(line);
+  std::vector<std::string> premapped;
+  if (expected.locked) premapped.push_back(mlocked);
+  premapped.push_back(absl::StrCat("^Done premapping memory of size ", size,
+                                   " in [0-9]+[.][0-9]{3}s [(][^)]+[)]$"));
+  premapped.push_back(
+      absl::StrCat("^Done allocating premapped memory of size ", size, "$"));
+  std::vector<std::string> created = {
+      absl::StrCat("^tpu::System initialized, current host id: 0, "
+                   "logical device ids: ",
+                   absl::StrJoin(ids, ","), "$"),
+      "^CreateTpuSystemState: TPU initialization is successful and it "
+      "took [0-9]+[.][0-9]{9}s$",
+      absl::StrCat("^CreateTpuSystemState: using TPU host premapped "
+                   "buffer of size: ",
+                   size, "$")};
+  for (const auto* part : expected.background
+                              ? std::vector{&created, &premapped}
+                              : std::vector{&premapped, &created}) {
+    wanted.insert(wanted.end(), part->begin(), part->end());
   }
 
   // The messages of the whole glog lines, in order.

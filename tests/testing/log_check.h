@@ -38,6 +38,9 @@ struct StartupExpectation {
   // Whether the region was pinned: the "mlock()-ed <bytes> bytes for
   // premapped region, using <n> syscalls." line is there, or must not be.
   bool locked = true;
+  // TPUSHIM_PREMAP=background: the lines from "mlock()-ed" to "Done
+  // allocating premapped memory" come after the CreateTpuSystemState ones.
+  bool background = false;
 };
 
 // "" when the glog lines of `info` (an INFO log's text) hold libtpu's
