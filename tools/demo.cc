@@ -186,6 +186,8 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   summary.config = config;
   summary.device_url = url;
   summary.init_seconds = absl::ToDoubleSeconds((*system)->init_time());
+  summary.create_seconds = summary.init_seconds;
+  display->CreateReturned();
   summary.premapped_bytes = (*system)->premapped_bytes();
   summary.threshold_bytes = (*system)->transfer_threshold_bytes();
   for (int d = 0; d < (*system)->device_count(); ++d) {
@@ -239,6 +241,11 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   }
   const SystemStats stats = (*system)->GetStats();
   summary.region = stats.region;
+  if (const StartupProgress p = (*system)->premap_progress();
+      p.phase == StartupProgress::Phase::kDone &&
+      (stats.region.premapped || summary.premapped_bytes == 0)) {
+    summary.region_ready_seconds = absl::ToDoubleSeconds(p.elapsed);
+  }
   summary.transfers = stats.transfers;
   summary.min_log_level = options->min_log_level.value;
   if (summary.premapped_bytes > 0 && !summary.region.locked) {

@@ -64,9 +64,10 @@ namespace tpushim::tools {
 // cannot start; kExitUsage for an invalid configuration or command line.
 //
 // The --json object (ordered):
-//   {"init_seconds", "premapped_bytes", "threshold_bytes", "device",
-//    "devices", "steps", "batch_bytes", "shard_bytes", "step_ms",
-//    "producers", "loop_seconds", "step_seconds",
+//   {"init_seconds", "create_seconds", "region_ready_seconds" (null when
+//    the run ended before the region was premapped), "premapped_bytes",
+//    "threshold_bytes", "device", "devices", "steps", "batch_bytes",
+//    "shard_bytes", "step_ms", "producers", "loop_seconds", "step_seconds",
 //    "batches": {"pageable", "pinned"},
 //    "bytes_moved": {"h2d", "d2h", "d2d"},
 //    "transfers": {"h2d"|"d2h": {"zero_copy"|"staged"|"pinned":
@@ -75,7 +76,7 @@ namespace tpushim::tools {
 //                  "d2d": {same fields}},
 //    "staging": {"waits", "wait_seconds", "peak_bytes", "max_bytes"},
 //    "pinned_transfers": {"over_threshold", "region_off",
-//                         "staging_timeout"},
+//                         "staging_timeout", "not_premapped"},
 //    "pinned_host_fallbacks": {"total", "region_full", "over_threshold",
 //                              "region_off"},
 //    "input": {"device_wait_seconds", "producer_wait_seconds",

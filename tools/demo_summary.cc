@@ -100,6 +100,9 @@ Json SummaryJson(const Summary& s) {
       static_cast<double>(std::max<int64_t>(s.config.steps, 1));
   return {
       {"init_seconds", s.init_seconds},
+      {"create_seconds", s.create_seconds},
+      {"region_ready_seconds",
+       s.region_ready_seconds ? Json(*s.region_ready_seconds) : Json(nullptr)},
       {"premapped_bytes", s.premapped_bytes},
       {"threshold_bytes", s.threshold_bytes},
       {"region",
@@ -137,7 +140,8 @@ Json SummaryJson(const Summary& s) {
       {"pinned_transfers",
        {{"over_threshold", s.transfers.pinned_over_threshold},
         {"region_off", s.transfers.pinned_region_off},
-        {"staging_timeout", s.transfers.pinned_staging_timeout}}},
+        {"staging_timeout", s.transfers.pinned_staging_timeout},
+        {"not_premapped", s.transfers.pinned_not_premapped}}},
       {"pinned_host_fallbacks",
        {{"total", run.fallbacks()},
         {"region_full", run.fallback_region_full},
@@ -247,7 +251,8 @@ void PrintRun(const Summary& s, std::ostream& out) {
       {"pinned transfers",
        absl::StrCat(s.transfers.pinned_over_threshold, " above the threshold, ",
                     s.transfers.pinned_region_off, " region off, ",
-                    s.transfers.pinned_staging_timeout, " staging timeout")});
+                    s.transfers.pinned_staging_timeout, " staging timeout, ",
+                    s.transfers.pinned_not_premapped, " not premapped yet")});
   staging.Print(out);
 
   {
@@ -329,6 +334,17 @@ void PrintSummary(const Summary& s, std::ostream& out) {
   out << "\nStart-up\n";
   TextTable startup;
   startup.AddRow({"init time", absl::StrFormat("%.3f s", s.init_seconds)});
+  if (s.region.background) {
+    startup.AddRow(
+        {"region ready",
+         s.region_ready_seconds
+             ? absl::StrFormat("%.3f s, premapped behind the run "
+                               "(TPUSHIM_PREMAP=background)",
+                               *s.region_ready_seconds)
+             : absl::StrCat("not before the run ended (",
+                            HumanReadableBytes(s.region.ready_bytes), " of ",
+                            HumanReadableBytes(s.premapped_bytes), ")")});
+  }
   if (s.premapped_bytes == 0) {
     startup.AddRow({"premapped region", "off (TPU_PREMAPPED_BUFFER_SIZE=0)"});
   } else {

@@ -32,6 +32,11 @@ struct Summary {
   DemoConfig config;
   std::string device_url;
   double init_seconds = 0;
+  // Until System::Create returned, and until the whole region was
+  // premapped (after it, with TPUSHIM_PREMAP=background; unset when the
+  // run ended first).
+  double create_seconds = 0;
+  std::optional<double> region_ready_seconds;
   uint64_t premapped_bytes = 0;
   uint64_t threshold_bytes = 0;
   RegionStats region;

@@ -69,11 +69,22 @@ StartupProgressDisplay::StartupProgressDisplay(std::ostream& err,
 
 void StartupProgressDisplay::operator()(const StartupProgress& p) {
   const double seconds = absl::ToDoubleSeconds(p.elapsed);
+  const bool behind = behind_.load(std::memory_order_relaxed);
   if (p.phase == StartupProgress::Phase::kDone) {
     bar_.Clear();
     if (!terminal_ && printed_line_) {
+      if (p.done_bytes < p.total_bytes) {
+        // Stopped: the system went (behind the run: the run ended first).
+        err_ << "tpushim " << tool_ << ": premapping stopped at "
+             << Bytes(p.done_bytes) << " of " << Bytes(p.total_bytes)
+             << absl::StrFormat(" after %.1f s", seconds)
+             << (behind ? " (the run ended first)" : "") << "\n"
+             << std::flush;
+        return;
+      }
       err_ << "tpushim " << tool_ << ": premapped " << Bytes(p.done_bytes)
-           << absl::StrFormat(" in %.1f s", seconds) << "\n"
+           << absl::StrFormat(" in %.1f s", seconds)
+           << (behind ? ", behind the run" : "") << "\n"
            << std::flush;
     }
     return;
@@ -92,7 +103,8 @@ void StartupProgressDisplay::operator()(const StartupProgress& p) {
   if (terminal_) {
     bar_.ShowFraction(
         fraction,
-        absl::StrCat(Bytes(p.done_bytes), " of ", Bytes(p.total_bytes),
+        absl::StrCat(behind ? "behind the run: " : "", Bytes(p.done_bytes),
+                     " of ", Bytes(p.total_bytes),
                      rate > 0 ? absl::StrFormat(", %.2f GB/s", rate / 1e9) : "",
                      left.empty() ? "" : ", ", left));
     return;
@@ -107,6 +119,7 @@ void StartupProgressDisplay::operator()(const StartupProgress& p) {
   err_ << "tpushim " << tool_ << ": premapping " << Bytes(p.done_bytes)
        << " of " << Bytes(p.total_bytes)
        << absl::StrFormat(" (%.0f%%)", fraction * 100)
+       << (behind ? " behind the run" : "")
        << (rate > 0 ? absl::StrFormat(", %.2f GB/s", rate / 1e9) : "")
        << (left.empty() ? "" : ", about ") << left << "\n"
        << std::flush;

@@ -26,6 +26,7 @@
 #ifndef TPUSHIM_TOOLS_PROGRESS_H_
 #define TPUSHIM_TOOLS_PROGRESS_H_
 
+#include <atomic>
 #include <ostream>
 #include <string>
 
@@ -73,11 +74,21 @@ class StartupProgressDisplay {
   StartupProgressDisplay(std::ostream& err, std::string tool);
 
   void operator()(const StartupProgress& progress);
+  // System::Create has returned: what is still reported is premapping
+  // behind the run (TPUSHIM_PREMAP=background), and the lines say so:
+  //
+  //   tpushim demo: premapping 1.00G of 4.00G (25%) behind the run, ...
+  //   tpushim demo: premapped 4.00G in 3.1 s, behind the run
+  //
+  // Thread-safe against the calls above (which then come from the
+  // premapping thread).
+  void CreateReturned() { behind_.store(true, std::memory_order_relaxed); }
 
  private:
   std::ostream& err_;
   const std::string tool_;
   const bool terminal_;
+  std::atomic<bool> behind_{false};
   ProgressBar bar_;
   absl::Duration last_line_ = absl::ZeroDuration();
   bool printed_line_ = false;

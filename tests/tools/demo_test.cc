@@ -128,12 +128,44 @@ TEST_F(DemoTest, SmallRunVerifiesEveryByteAndEndsWithZeroErrors) {
   EXPECT_THAT(log, HasSubstr("tpushim demo: done: 0 errors"));
 }
 
+// TPUSHIM_PREMAP=background: creation returns before the region is
+// premapped; the run goes on meanwhile; the region is ready later (or the
+// run ends first, and the JSON says null).
+TEST_F(DemoTest, BackgroundPremappingIsTimedApartFromCreation) {
+  SubprocessResult r =
+      RunSmall(WithJson({"demo", "--steps", "4", "--batch-bytes", "256K",
+                         "--step-ms", "50"}),
+               {"TPUSHIM_PREMAP=background"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const Json j = ParseJson(r.out);
+  ASSERT_TRUE(j.is_object()) << r.out;
+  const double created = j["create_seconds"].get<double>();
+  EXPECT_GT(created, 0.0);
+  // 16 MiB premap in well under the 200 ms of modelled steps.
+  ASSERT_TRUE(j["region_ready_seconds"].is_number()) << j;
+  EXPECT_GE(j["region_ready_seconds"].get<double>(), created);
+  EXPECT_TRUE(j["pinned_transfers"]["not_premapped"].is_number());
+  EXPECT_EQ(j["errors"], 0) << j;
+
+  SubprocessResult text =
+      RunSmall({"demo", "--steps", "2", "--batch-bytes", "256K"},
+               {"TPUSHIM_PREMAP=background"});
+  EXPECT_EQ(text.exit_code, 0) << text.out << text.err;
+  EXPECT_THAT(text.out, HasSubstr("region ready"));
+  EXPECT_THAT(text.out, HasSubstr(" not premapped yet"));
+}
+
 TEST_F(DemoTest, JsonHasTheSummaryFields) {
   SubprocessResult r = RunSmall(WithJson(kSmallRun));
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   const Json j = ParseJson(r.out);
   ASSERT_TRUE(j.is_object()) << r.out;
   EXPECT_GT(j["init_seconds"].get<double>(), 0.0);
+  // Premapped in the foreground: ready when creation returned.
+  EXPECT_EQ(j["create_seconds"], j["init_seconds"]);
+  EXPECT_GE(j["region_ready_seconds"].get<double>(),
+            j["create_seconds"].get<double>());
+  EXPECT_EQ(j["pinned_transfers"]["not_premapped"], 0u);
   EXPECT_EQ(j["premapped_bytes"], 16777216u);
   EXPECT_EQ(j["threshold_bytes"], 16777216u);
   EXPECT_EQ(j["device"], "sim://?devices=2&hbm=64M");

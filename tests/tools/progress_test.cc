@@ -15,6 +15,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 
 constexpr uint64_t kGiB = uint64_t{1} << 30;
 
@@ -55,6 +56,37 @@ TEST(StartupProgressDisplayTest, PipeGetsPlainLinesOnlyForALongStartup) {
             "3 s left\n"
             "tpushim demo: premapped 4.00G in 9.0 s\n");
   EXPECT_EQ(err.str().find('\r'), std::string::npos);
+}
+
+TEST(StartupProgressDisplayTest, PremappingBehindTheRunSaysSo) {
+  std::ostringstream err;
+  StartupProgressDisplay display(err, "demo", /*terminal=*/false);
+  display(At(0, 0));
+  display.CreateReturned();
+  display(At(2.5, kGiB));
+  display(At(9, 4 * kGiB, 4 * kGiB, StartupProgress::Phase::kDone));
+  EXPECT_EQ(err.str(),
+            "tpushim demo: premapping 1.00G of 4.00G (25%) behind the run, "
+            "0.43 GB/s, about 8 s left\n"
+            "tpushim demo: premapped 4.00G in 9.0 s, behind the run\n");
+
+  std::ostringstream bar;
+  StartupProgressDisplay terminal(bar, "demo", /*terminal=*/true);
+  terminal.CreateReturned();
+  terminal(At(1, kGiB));
+  EXPECT_THAT(bar.str(), HasSubstr("] behind the run: 1.00G of 4.00G"));
+}
+
+TEST(StartupProgressDisplayTest, PremappingStoppedShortSaysWhere) {
+  std::ostringstream err;
+  StartupProgressDisplay display(err, "demo", /*terminal=*/false);
+  display.CreateReturned();
+  display(At(2.5, kGiB));
+  display(At(3.7, 2 * kGiB, 4 * kGiB, StartupProgress::Phase::kDone));
+  EXPECT_THAT(err.str(),
+              HasSubstr("tpushim demo: premapping stopped at 2.00G of 4.00G "
+                        "after 3.7 s (the run ended first)\n"));
+  EXPECT_THAT(err.str(), Not(HasSubstr("premapped 2.00G")));
 }
 
 TEST(StartupProgressDisplayTest, PipeGetsNothingForAShortStartup) {
