@@ -186,7 +186,8 @@ class Device {
   }
   // Makes the first `usable` bytes of a reserved window reachable by DMA
   // (increasing; the window's length at most). The default has nothing to
-  // do.
+  // do. REQUIRES: calls for one window are not concurrent with each other
+  // or with its UnregisterHostWindow.
   virtual absl::Status ExtendHostWindow(HostWindowId window, uint64_t usable) {
     (void)window;
     (void)usable;

@@ -488,7 +488,53 @@ absl::StatusOr<HostWindowId> NvmeDevice::RegisterHostWindow(const void* base,
 absl::Status NvmeDevice::UnregisterHostWindow(HostWindowId window) {
   TPUSHIM_ASSIGN_OR_RETURN(const HostWindowTable<Mapping>::Window w,
                            windows_.Remove(window));
+  if (w.extra.usable != nullptr) {
+    MutexLock lock(&growing_mu_);
+    growing_windows_.erase(window);
+  }
   return vfio_->UnmapDma(w.extra.mapped_iova, w.extra.mapped_bytes);
+}
+
+absl::StatusOr<HostWindowId> NvmeDevice::ReserveHostWindow(const void* base,
+                                                           uint64_t length) {
+  TPUSHIM_RETURN_IF_ERROR(windows_.Check(base, length));
+  const PageHull hull = PageHull::Of(base, length, kPage);
+  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t iova,
+                           vfio_->ReserveDma(hull.start(), hull.length()));
+  auto usable = std::make_unique<std::atomic<uint64_t>>(0);
+  absl::StatusOr<HostWindowId> id = windows_.Add(
+      base, length,
+      Mapping{.iova = iova + (reinterpret_cast<uintptr_t>(base) - hull.begin),
+              .mapped_iova = iova,
+              .mapped_bytes = hull.length(),
+              .usable = usable.get()});
+  if (!id.ok()) {
+    (void)vfio_->UnmapDma(iova, hull.length());
+    return id;
+  }
+  MutexLock lock(&growing_mu_);
+  growing_windows_[*id] = std::move(usable);
+  return id;
+}
+
+absl::Status NvmeDevice::ExtendHostWindow(HostWindowId window,
+                                          uint64_t usable) {
+  TPUSHIM_ASSIGN_OR_RETURN(const HostWindowTable<Mapping>::Window w,
+                           windows_.Find(window, 0, 1));
+  if (w.extra.usable == nullptr) return absl::OkStatus();  // mapped whole
+  usable = std::min(usable, w.length);
+  if (usable <= w.extra.usable->load(std::memory_order_acquire)) {
+    return absl::OkStatus();
+  }
+  // The window starts `lead` bytes into its first IOMMU page.
+  const uint64_t lead = w.extra.iova - w.extra.mapped_iova;
+  TPUSHIM_RETURN_IF_ERROR(vfio_->GrowDma(w.extra.mapped_iova, lead + usable));
+  // Only the grower writes it (ExtendHostWindow calls of one window are
+  // not concurrent); descriptors read it.
+  w.extra.usable->store(usable, std::memory_order_release);
+  VLOG(1) << "IOMMU-mapped host window " << window << " of " << info_.name
+          << " up to " << usable << " of its " << w.length << " bytes";
+  return absl::OkStatus();
 }
 
 }  // namespace tpushim::nvme_internal

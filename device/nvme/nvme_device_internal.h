@@ -25,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -95,6 +96,13 @@ class NvmeDevice final : public Device {
   absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
                                                   uint64_t length) override;
   absl::Status UnregisterHostWindow(HostWindowId window) override;
+  // The IOVA range of the whole window is taken at once; its IOMMU
+  // mapping grows with ExtendHostWindow, one MAP_DMA per call, and a
+  // descriptor beyond what is mapped fails with OUT_OF_RANGE before it
+  // reaches the controller.
+  absl::StatusOr<HostWindowId> ReserveHostWindow(const void* base,
+                                                 uint64_t length) override;
+  absl::Status ExtendHostWindow(HostWindowId window, uint64_t usable) override;
   size_t Submit(DmaDirection direction,
                 absl::Span<const DmaDescriptor> descriptors) override;
   uint32_t InFlight(DmaDirection direction) const override {
@@ -163,6 +171,10 @@ class NvmeDevice final : public Device {
     uint64_t iova = 0;         // of the window's first byte
     uint64_t mapped_iova = 0;  // of the page hull MapDma mapped
     uint64_t mapped_bytes = 0;
+    // A reserved window (ReserveHostWindow): the bytes from its start that
+    // are mapped so far; null for a window mapped whole. Owned by
+    // growing_windows_, freed when the window is unregistered.
+    std::atomic<uint64_t>* usable = nullptr;
   };
 
   // Start-up steps.
@@ -251,6 +263,9 @@ class NvmeDevice final : public Device {
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::unique_ptr<RegionAllocator> allocator_;
   HostWindowTable<Mapping> windows_;
+  Mutex growing_mu_;
+  std::map<HostWindowId, std::unique_ptr<std::atomic<uint64_t>>>
+      growing_windows_ ABSL_GUARDED_BY(growing_mu_);
   std::array<std::unique_ptr<Queue>, kDmaDirectionCount> queues_;
   Mutex shutdown_mu_;
   bool shut_down_ ABSL_GUARDED_BY(shutdown_mu_) = false;

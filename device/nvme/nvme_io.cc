@@ -88,6 +88,15 @@ absl::Status NvmeDevice::Start(Queue& q, Pending& p) {
   TPUSHIM_ASSIGN_OR_RETURN(
       const HostWindowTable<Mapping>::Window w,
       windows_.Find(d.host_window, d.host_offset, d.length));
+  if (w.extra.usable != nullptr &&
+      d.host_offset + d.length >
+          w.extra.usable->load(std::memory_order_acquire)) {
+    return absl::OutOfRangeError(absl::StrFormat(
+        "%s: descriptor 0x%x reaches host window byte %d, beyond the %d "
+        "bytes of the window mapped for DMA so far",
+        info_.name, d.user_data, d.host_offset + d.length,
+        w.extra.usable->load(std::memory_order_acquire)));
+  }
   p.host_iova = w.extra.iova + d.host_offset;
   if (p.host_iova % 4 != 0) {
     return absl::InvalidArgumentError(absl::StrFormat(

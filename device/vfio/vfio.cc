@@ -601,13 +601,86 @@ absl::StatusOr<uint64_t> VfioDevice::MapDma(const void* vaddr, uint64_t length,
                                     HumanReadableBytes(length), name()));
   }
   MutexLock lock(&mu_);
-  mappings_[iova] = Mapping{.length = length, .entries = calls};
+  mappings_[iova] = Mapping{
+      .length = length, .entries = calls, .vaddr = address, .mapped = length};
   mapped_bytes_ += length;
   return iova;
 }
 
+absl::StatusOr<uint64_t> VfioDevice::ReserveDma(const void* vaddr,
+                                                uint64_t length) {
+  const auto address = reinterpret_cast<uintptr_t>(vaddr);
+  if (length == 0 || address % iova_page_ != 0 || length % iova_page_ != 0) {
+    return absl::InvalidArgumentError(absl::StrFormat(
+        "IOMMU mapping of %p, %d bytes for %s: both must be whole %d-byte "
+        "IOMMU pages",
+        vaddr, length, name(), iova_page_));
+  }
+  MutexLock lock(&mu_);
+  absl::StatusOr<uint64_t> iova = iova_->Allocate(length);
+  if (!iova.ok()) {
+    return Annotate(iova.status(),
+                    absl::StrCat("IOMMU mapping of ",
+                                 HumanReadableBytes(length), " for ", name()));
+  }
+  mappings_[*iova] = Mapping{.length = length, .vaddr = address};
+  return *iova;
+}
+
+absl::Status VfioDevice::GrowDma(uint64_t iova, uint64_t mapped) {
+  uint64_t from;
+  uintptr_t vaddr;
+  {
+    MutexLock lock(&mu_);
+    auto it = mappings_.find(iova);
+    if (it == mappings_.end()) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "no IOMMU mapping at IOVA 0x%x on %s to grow", iova, name()));
+    }
+    mapped = std::min(it->second.length,
+                      (mapped + iova_page_ - 1) / iova_page_ * iova_page_);
+    from = it->second.mapped;
+    if (mapped <= from) return absl::OkStatus();
+    if (dma_entries_ + 1 > dma_mappings_left_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "the IOMMU of ", name(), " takes no more than ", dma_mappings_left_,
+          " DMA mappings (vfio_iommu_type1 dma_entry_limit); ", dma_entries_,
+          " are in use"));
+    }
+    ++dma_entries_;  // reserved for this call
+    vaddr = it->second.vaddr;
+  }
+  absl::Status status = CheckMemlock(mapped - from);
+  if (status.ok()) {
+    vfio_iommu_type1_dma_map map{};
+    map.argsz = sizeof(map);
+    map.flags = VFIO_DMA_MAP_FLAG_READ | VFIO_DMA_MAP_FLAG_WRITE;
+    map.vaddr = vaddr + from;
+    map.iova = iova + from;
+    map.size = mapped - from;
+    status = os_->Ioctl(container_fd_, VFIO_IOMMU_MAP_DMA, &map,
+                        "VFIO_IOMMU_MAP_DMA")
+                 .status();
+  }
+  MutexLock lock(&mu_);
+  if (!status.ok()) {
+    --dma_entries_;
+    return Annotate(
+        status, absl::StrFormat("IOMMU mapping of %s more at IOVA 0x%x for %s",
+                                HumanReadableBytes(mapped - from), iova + from,
+                                name()));
+  }
+  // REQUIRES (header): no UnmapDma of this mapping meanwhile.
+  Mapping& m = mappings_.at(iova);
+  ++m.entries;
+  m.mapped = mapped;
+  mapped_bytes_ += mapped - from;
+  return absl::OkStatus();
+}
+
 absl::Status VfioDevice::UnmapDma(uint64_t iova, uint64_t length) {
   uint64_t entries;
+  uint64_t mapped;
   {
     MutexLock lock(&mu_);
     auto it = mappings_.find(iova);
@@ -617,16 +690,20 @@ absl::Status VfioDevice::UnmapDma(uint64_t iova, uint64_t length) {
                           length, iova, name()));
     }
     entries = it->second.entries;
+    mapped = it->second.mapped;
     mappings_.erase(it);
-    mapped_bytes_ -= length;
+    mapped_bytes_ -= mapped;
   }
-  vfio_iommu_type1_dma_unmap unmap{};
-  unmap.argsz = sizeof(unmap);
-  unmap.iova = iova;
-  unmap.size = length;
-  absl::Status status = os_->Ioctl(container_fd_, VFIO_IOMMU_UNMAP_DMA, &unmap,
-                                   "VFIO_IOMMU_UNMAP_DMA")
-                            .status();
+  absl::Status status;
+  if (mapped > 0) {  // a reserved mapping may have nothing mapped yet
+    vfio_iommu_type1_dma_unmap unmap{};
+    unmap.argsz = sizeof(unmap);
+    unmap.iova = iova;
+    unmap.size = mapped;
+    status = os_->Ioctl(container_fd_, VFIO_IOMMU_UNMAP_DMA, &unmap,
+                        "VFIO_IOMMU_UNMAP_DMA")
+                 .status();
+  }
   // The IOVA range and the kernel entries are given back only when the
   // IOMMU no longer maps them; otherwise they stay out of use until the
   // container's close drops them.

@@ -164,7 +164,17 @@ class VfioDevice {
   absl::StatusOr<uint64_t> MapDma(const void* vaddr, uint64_t length,
                                   uint64_t chunk = 0,
                                   const Progress& progress = nullptr);
-  // Undoes one MapDma (same iova and length).
+  // A mapping that grows (memory populated behind the caller, which must
+  // not be pinned before it is): ReserveDma takes the IOVA range for
+  // [vaddr, vaddr + length) and maps nothing; GrowDma maps it up to its
+  // first `mapped` bytes (rounded up to IOMMU pages, at most `length`),
+  // one MAP_DMA per call. Checks and errors as MapDma's; a failed GrowDma
+  // leaves the mapping as it was. UnmapDma(iova, length) undoes the whole.
+  // REQUIRES: GrowDma calls of one mapping are not concurrent with each
+  // other or with its UnmapDma.
+  absl::StatusOr<uint64_t> ReserveDma(const void* vaddr, uint64_t length);
+  absl::Status GrowDma(uint64_t iova, uint64_t mapped);
+  // Undoes one MapDma or ReserveDma (same iova and length).
   absl::Status UnmapDma(uint64_t iova, uint64_t length);
   // An IOVA in the device's address space that nothing is mapped at: DMA to
   // it is blocked by the IOMMU.
@@ -204,6 +214,10 @@ class VfioDevice {
   struct Mapping {
     uint64_t length = 0;
     uint64_t entries = 0;  // MAP_DMA calls: the kernel's entries it holds
+    // A growing mapping (ReserveDma): its address and how much of it is
+    // mapped so far (all of it for MapDma).
+    uintptr_t vaddr = 0;
+    uint64_t mapped = 0;
   };
 
   mutable Mutex mu_;

@@ -184,6 +184,45 @@ TEST_F(NvmeDeviceTest, HostToDeviceAndBackMovesEveryByte) {
   EXPECT_GT(controller_->interrupts(), 0);
 }
 
+// A window over memory populated behind the caller: its IOVA range is
+// taken at once, the IOMMU maps it as it grows, and a descriptor beyond
+// what is mapped never reaches the controller.
+TEST_F(NvmeDeviceTest, AReservedWindowIsUsableAsFarAsItIsMapped) {
+  ASSERT_TRUE(Open().ok());
+  HostBuffer region(1 << 20);
+  const size_t maps = os_->map_calls().size();
+  absl::StatusOr<HostWindowId> w =
+      device_->ReserveHostWindow(region.data, region.size);
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(os_->map_calls().size(), maps);  // nothing mapped (nor pinned)
+  const HostWindowId main_window = window_;
+  window_ = *w;
+
+  Fill(region.data, 65536, 9);
+  const absl::Status beyond = Run(DmaDirection::kHostToDevice, 4096, 0, 0);
+  EXPECT_EQ(beyond.code(), absl::StatusCode::kOutOfRange) << beyond;
+  EXPECT_THAT(beyond.message(),
+              HasSubstr("beyond the 0 bytes of the window mapped for DMA"));
+  EXPECT_EQ(controller_->io_commands(), 0) << "it reached the controller";
+
+  ASSERT_TRUE(device_->ExtendHostWindow(*w, 64 * 1024).ok());
+  EXPECT_EQ(os_->map_calls().size(), maps + 1);
+  ASSERT_TRUE(Run(DmaDirection::kHostToDevice, 65536, 0, 0).ok());
+  EXPECT_TRUE(std::equal(region.data, region.data + 65536,
+                         controller_->media().begin()));
+  EXPECT_EQ(Run(DmaDirection::kDeviceToHost, 4096, 64 * 1024, 0).code(),
+            absl::StatusCode::kOutOfRange);
+  ASSERT_TRUE(device_->ExtendHostWindow(*w, 2 << 20).ok());  // the length
+  ASSERT_TRUE(Run(DmaDirection::kDeviceToHost, 4096, (1 << 20) - 4096, 0).ok());
+  EXPECT_TRUE(std::equal(region.data, region.data + 4096,
+                         region.data + (1 << 20) - 4096));
+
+  window_ = main_window;
+  ASSERT_TRUE(device_->UnregisterHostWindow(*w).ok());
+  // Unregistered: extending it is refused.
+  EXPECT_FALSE(device_->ExtendHostWindow(*w, 4096).ok());
+}
+
 TEST_F(NvmeDeviceTest, PolledCompletionsWork) {
   ASSERT_TRUE(Open({}, "&irq=poll").ok());
   Fill(host_.data, 65536, 3);

@@ -481,6 +481,78 @@ TEST(VfioDeviceTest, ChunkedMapDmaMapsConsecutiveChunksAndReportsEach) {
   EXPECT_EQ((*device)->mapped_bytes(), 10 * kPage);
 }
 
+// A region premapped behind the caller: the IOVA range is taken at once,
+// the IOMMU mapping grows from the low end, one MAP_DMA per step, and one
+// UNMAP_DMA takes what was mapped.
+TEST(VfioDeviceTest, AReservedMappingGrowsFromTheLowEnd) {
+  FakeVfioOs os{FakeHost{}};
+  absl::StatusOr<std::unique_ptr<VfioDevice>> device = OpenOn(os);
+  ASSERT_TRUE(device.ok()) << device.status();
+  absl::StatusOr<uint64_t> iova = (*device)->ReserveDma(kBuffer, 8 * kPage);
+  ASSERT_TRUE(iova.ok()) << iova.status();
+  EXPECT_THAT(os.map_calls(), IsEmpty());
+  EXPECT_EQ((*device)->mapped_bytes(), 0u);
+  // The range is taken: the next mapping goes after it.
+  absl::StatusOr<uint64_t> other =
+      (*device)->MapDma(BufferAt(64 * kPage), kPage);
+  ASSERT_TRUE(other.ok());
+  EXPECT_GE(*other, *iova + 8 * kPage);
+
+  ASSERT_TRUE((*device)->GrowDma(*iova, 3 * kPage).ok());
+  ASSERT_TRUE((*device)->GrowDma(*iova, 2 * kPage).ok());  // smaller: nothing
+  ASSERT_TRUE((*device)->GrowDma(*iova, 5 * kPage + 1).ok());  // whole pages
+  ASSERT_TRUE((*device)->GrowDma(*iova, 100 * kPage).ok());    // the length
+  ASSERT_EQ(os.map_calls().size(), 4u);  // `other` and three steps
+  EXPECT_EQ(os.map_calls()[1].iova, *iova);
+  EXPECT_EQ(os.map_calls()[1].size, 3 * kPage);
+  EXPECT_EQ(os.map_calls()[2].iova, *iova + 3 * kPage);
+  EXPECT_EQ(os.map_calls()[2].vaddr,
+            reinterpret_cast<uintptr_t>(kBuffer) + 3 * kPage);
+  EXPECT_EQ(os.map_calls()[2].size, 3 * kPage);
+  EXPECT_EQ(os.map_calls()[3].size, 2 * kPage);
+  EXPECT_EQ((*device)->mapped_bytes(), 9 * kPage);
+
+  ASSERT_TRUE((*device)->UnmapDma(*iova, 8 * kPage).ok());
+  EXPECT_THAT(os.unmap_calls(), ElementsAre(Pair(*iova, 8 * kPage)));
+  EXPECT_EQ((*device)->mapped_bytes(), kPage);
+  ExpectError((*device)->GrowDma(*iova, kPage),
+              absl::StatusCode::kInvalidArgument, {"no IOMMU mapping"});
+}
+
+TEST(VfioDeviceTest, AReservedMappingUnmappedBeforeItGrewNeedsNoUnmapCall) {
+  FakeVfioOs os{FakeHost{}};
+  absl::StatusOr<std::unique_ptr<VfioDevice>> device = OpenOn(os);
+  ASSERT_TRUE(device.ok()) << device.status();
+  absl::StatusOr<uint64_t> iova = (*device)->ReserveDma(kBuffer, 4 * kPage);
+  ASSERT_TRUE(iova.ok()) << iova.status();
+  ASSERT_TRUE((*device)->UnmapDma(*iova, 4 * kPage).ok());
+  EXPECT_THAT(os.unmap_calls(), IsEmpty());
+  // Its IOVA range is free again.
+  absl::StatusOr<uint64_t> again = (*device)->MapDma(kBuffer, 4 * kPage);
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(*again, *iova);
+}
+
+TEST(VfioDeviceTest, AFailedGrowLeavesTheMappingAsItWas) {
+  FakeHost host;
+  host.map_dma_fails_at = 2;
+  FakeVfioOs os{host};
+  absl::StatusOr<std::unique_ptr<VfioDevice>> device = OpenOn(os);
+  ASSERT_TRUE(device.ok()) << device.status();
+  absl::StatusOr<uint64_t> iova = (*device)->ReserveDma(kBuffer, 8 * kPage);
+  ASSERT_TRUE(iova.ok()) << iova.status();
+  ASSERT_TRUE((*device)->GrowDma(*iova, 2 * kPage).ok());
+  ExpectError(
+      (*device)->GrowDma(*iova, 4 * kPage),
+      absl::StatusCode::kResourceExhausted,
+      {"IOMMU mapping of 8.0K more", "0000:01:00.0", "VFIO_IOMMU_MAP_DMA"});
+  EXPECT_EQ((*device)->mapped_bytes(), 2 * kPage);
+  ASSERT_TRUE((*device)->GrowDma(*iova, 4 * kPage).ok());  // tried again
+  EXPECT_EQ(os.map_calls().back().iova, *iova + 2 * kPage);
+  ASSERT_TRUE((*device)->UnmapDma(*iova, 8 * kPage).ok());
+  EXPECT_THAT(os.mappings(), IsEmpty());
+}
+
 TEST(VfioDeviceTest, UnmapDmaOfAnUnknownMappingIsInvalidArgument) {
   FakeVfioOs os{FakeHost{}};
   absl::StatusOr<std::unique_ptr<VfioDevice>> device = OpenOn(os);

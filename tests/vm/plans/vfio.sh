@@ -19,6 +19,8 @@
 #   bench, demo, tune    a short `tpushim bench`, `demo` (every byte
 #                        checked) and a two-point `tune` sweep, unchanged
 #                        on the device (TCG-bound figures)
+#   demo_background      the demo with the region premapped behind the
+#                        caller: its IOMMU mapping grows chunk by chunk
 #   vfio_faults          runs with the 1st, 2nd, ... VFIO ioctl failing:
 #                        each ends cleanly, names the fault, holds nothing
 
@@ -91,6 +93,35 @@ vm_run startup_lines startup_lines
 vm_run bench tpushim bench --sizes 4K,64K,1M,8M --directions h2d,d2h,d2d \
   --seconds 0.3
 vm_run demo tpushim demo --steps 4 --batch-bytes 4M --step-ms 1
+
+# demo_background: TPUSHIM_PREMAP=background on the device: creation
+# returns first, the region's IOMMU mapping grows with it (one MAP_DMA per
+# populated chunk, nothing mapped up front), the run's bytes all check
+# out, and the premapping lines come after the CreateTpuSystemState ones.
+demo_background() {
+  rm -rf "${TPU_LOG_DIR:?}"/*
+  out=$(TPUSHIM_PREMAP=background TPU_VMODULE=nvme_device=1 tpushim demo \
+    --steps 4 --batch-bytes 4M --step-ms 100 --json) || return 1
+  echo "$out"
+  case "$out" in
+    *'"errors": 0,'*) ;;
+    *) echo "errors in the run"; return 1 ;;
+  esac
+  info="$TPU_LOG_DIR/tpu_driver.INFO"
+  created=$(grep -n -F 'CreateTpuSystemState: TPU initialization is successful' \
+    "$info" | head -n 1 | cut -d: -f1)
+  premapped=$(grep -n -F 'Done allocating premapped memory of size 67108864' \
+    "$info" | head -n 1 | cut -d: -f1)
+  echo "created at line ${created:-none}, premapped at line ${premapped:-none}"
+  [ -n "$created" ] && [ -n "$premapped" ] && [ "$premapped" -gt "$created" ] ||
+    return 1
+  # The region's window was mapped in steps, the last one to its end.
+  steps=$(grep -c -F 'IOMMU-mapped host window' "$info")
+  echo "IOMMU mapping steps: $steps"
+  [ "$steps" -ge 2 ] || return 1
+  grep -q -F 'up to 67108864 of its 67108864 bytes' "$info" || return 1
+}
+vm_run demo_background demo_background
 # tune reports failed transfers per point and still exits 0: they fail
 # the test here.
 tune_sweep() {
