@@ -35,7 +35,12 @@
 // again, each in a fresh process of this binary (--time-one=METHOD), A B
 // then B A over R rounds after one warm-up pair, and reports their minima
 // and medians, `fresh_startup_over_kernel_best` (min over min) and the
-// median of the per-round ratios (`fresh_pair_ratio_median`).
+// median of the per-round ratios (`fresh_pair_ratio_median`). Each round
+// also times `background` in a fresh process: the region created with
+// TPUSHIM_PREMAP=background, timed until Create returns
+// (`background_create_min_s`/`_max_s`) and until the whole region is
+// premapped behind it (`background_ready_min_s`, and over tpushim's
+// foreground start-up: `background_ready_over_foreground`).
 //
 // Flags: --size=<bytes|64M|4G> (default 4G), --rounds=N (default 5). CI
 // runs --size=64M --rounds=2.
@@ -55,6 +60,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "allocator/premapped_region.h"
 #include "benchmark/benchmark.h"
 #include "common/status_macros.h"
@@ -93,6 +99,22 @@ absl::StatusOr<double> TimeStartup(PageKind* kind) {
   if (!region.ok()) return region.status();
   *kind = (*region)->GetStats().page_kind;
   return seconds;
+}
+
+// Seconds until a background region's Create returned and until it was
+// whole, teardown excluded.
+absl::StatusOr<std::pair<double, double>> TimeBackgroundStartup() {
+  Options options = RegionOptions();
+  options.premap.value = PremapMode::kBackground;
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(options, Os::Default(), nullptr);
+  const double created = Seconds(std::chrono::steady_clock::now() - start);
+  if (!region.ok()) return region.status();
+  (*region)->StartPremapping({});
+  TPUSHIM_RETURN_IF_ERROR((*region)->WaitUntilPremapped());
+  const double ready = Seconds(std::chrono::steady_clock::now() - start);
+  return std::make_pair(created, ready);
 }
 
 #ifndef MADV_POPULATE_WRITE
@@ -223,8 +245,20 @@ void BM_StartupSideBySide(benchmark::State& state) {
 // ---- In fresh processes -----------------------------------------------------
 
 // --time-one=METHOD: times one start-up of `method` in this process and
-// prints its seconds (the child side of BM_StartupFreshProcesses).
+// prints its seconds (the child side of BM_StartupFreshProcesses);
+// `background` prints the seconds to Create's return and to the whole
+// region.
 int TimeOne(absl::string_view method) {
+  if (method == "background") {
+    absl::StatusOr<std::pair<double, double>> t = TimeBackgroundStartup();
+    if (!t.ok()) {
+      fprintf(stderr, "premapped_init_bench: %s\n",
+              t.status().ToString().c_str());
+      return 1;
+    }
+    printf("%.9f %.9f\n", t->first, t->second);
+    return 0;
+  }
   PageKind kind = PageKind::k4K;
   const int threads =
       RegionOptions().EffectivePrefaultThreads(Os::Default()->OnlineCpuCount());
@@ -233,7 +267,7 @@ int TimeOne(absl::string_view method) {
       : method == "kernel_best"
           ? TimeKernelBest(threads)
           : absl::InvalidArgumentError(
-                "--time-one takes tpushim or kernel_best");
+                "--time-one takes tpushim, kernel_best or background");
   if (!t.ok()) {
     fprintf(stderr, "premapped_init_bench: %s\n",
             t.status().ToString().c_str());
@@ -243,7 +277,9 @@ int TimeOne(absl::string_view method) {
   return 0;
 }
 
-absl::StatusOr<double> TimeInFreshProcess(const std::string& method) {
+// The numbers the child printed.
+absl::StatusOr<std::vector<double>> TimeInFreshProcess(
+    const std::string& method) {
   std::vector<std::string> env;
   for (char** e = environ; *e != nullptr; ++e) env.emplace_back(*e);
   TPUSHIM_ASSIGN_OR_RETURN(SubprocessResult r,
@@ -251,9 +287,14 @@ absl::StatusOr<double> TimeInFreshProcess(const std::string& method) {
                                          {absl::StrCat("--size=", g_size),
                                           absl::StrCat("--time-one=", method)},
                                          env, absl::Seconds(600)));
-  double seconds = 0;
-  if (r.exit_code != 0 ||
-      !absl::SimpleAtod(absl::StripAsciiWhitespace(r.out), &seconds)) {
+  std::vector<double> seconds;
+  for (absl::string_view word :
+       absl::StrSplit(absl::StripAsciiWhitespace(r.out), ' ')) {
+    double s = 0;
+    if (!absl::SimpleAtod(word, &s)) break;
+    seconds.push_back(s);
+  }
+  if (r.exit_code != 0 || seconds.empty()) {
     return absl::InternalError(absl::StrCat(
         method, " in a fresh process: exit ", r.exit_code, ": ", r.err));
   }
@@ -261,24 +302,27 @@ absl::StatusOr<double> TimeInFreshProcess(const std::string& method) {
 }
 
 void BM_StartupFreshProcesses(benchmark::State& state) {
-  std::vector<double> tpushim, kernel, ratios;
+  std::vector<double> tpushim, kernel, ratios, created, ready;
+  const char* const kMethods[] = {"tpushim", "kernel_best", "background"};
   for (auto _ : state) {
     for (int round = -1; round < g_rounds; ++round) {
-      double t[2] = {0, 0};
-      for (int k = 0; k < 2; ++k) {
-        const int method = (round + k + 2) % 2;  // A B, then B A
-        absl::StatusOr<double> s =
-            TimeInFreshProcess(method == 0 ? "tpushim" : "kernel_best");
+      std::vector<double> t[3];
+      for (int k = 0; k < 3; ++k) {
+        const int method = (round + k + 3) % 3;  // rotated each round
+        absl::StatusOr<std::vector<double>> s =
+            TimeInFreshProcess(kMethods[method]);
         if (!s.ok()) {
           state.SkipWithError(s.status().ToString().c_str());
           return;
         }
         t[method] = *s;
       }
-      if (round < 0) continue;  // the warm-up pair
-      tpushim.push_back(t[0]);
-      kernel.push_back(t[1]);
-      ratios.push_back(t[0] / t[1]);
+      if (round < 0) continue;  // the warm-up round
+      tpushim.push_back(t[0][0]);
+      kernel.push_back(t[1][0]);
+      ratios.push_back(t[0][0] / t[1][0]);
+      created.push_back(t[2][0]);
+      ready.push_back(t[2].size() > 1 ? t[2][1] : 0);
     }
     state.SetIterationTime(Min(tpushim));
   }
@@ -288,6 +332,12 @@ void BM_StartupFreshProcesses(benchmark::State& state) {
   state.counters["kernel_best_fresh_median_s"] = Median(kernel);
   state.counters["fresh_startup_over_kernel_best"] = Min(tpushim) / Min(kernel);
   state.counters["fresh_pair_ratio_median"] = Median(ratios);
+  state.counters["background_create_min_s"] = Min(created);
+  state.counters["background_create_max_s"] =
+      *std::max_element(created.begin(), created.end());
+  state.counters["background_ready_min_s"] = Min(ready);
+  state.counters["background_ready_over_foreground"] =
+      Min(ready) / Min(tpushim);
 }
 
 }  // namespace
