@@ -87,8 +87,11 @@ class Os {
                              LockWhen when) = 0;
   virtual absl::Status Munlock(const void* addr, size_t length) = 0;
   // Pins, then unpins, a caller's range for the length of one transfer
-  // (fault point `pin`). The POSIX implementation uses mlock/munlock on the
-  // page-aligned hull of the range.
+  // (fault point `pin`), charged to RLIMIT_MEMLOCK. The POSIX
+  // implementation pins the page-aligned hull of the range long-term
+  // through io_uring's registered buffers (env/posix/io_uring_pins.h),
+  // else with mlock/munlock. REQUIRES: UnpinRange gets exactly the
+  // (addr, length) of one PinRange.
   virtual absl::Status PinRange(const void* addr, size_t length) = 0;
   virtual absl::Status UnpinRange(const void* addr, size_t length) = 0;
   // getrlimit(RLIMIT_MEMLOCK).

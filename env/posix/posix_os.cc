@@ -20,7 +20,10 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/numbers.h"
@@ -31,6 +34,7 @@
 #include "common/mutex.h"
 #include "common/page_hull.h"
 #include "env/os.h"
+#include "env/posix/io_uring_pins.h"
 
 namespace tpushim {
 namespace {
@@ -136,18 +140,46 @@ class PosixOs final : public Os {
     return absl::OkStatus();
   }
 
+  // The kernel's long-term pin through io_uring (env/posix/io_uring_pins.h)
+  // where it can be had; mlock() where io_uring is unavailable, out of
+  // slots, or refuses the memory (file-backed mappings). A failure that is
+  // the memlock limit is returned as it is: mlock would hit the same limit.
   absl::Status PinRange(const void* addr, size_t length) override {
     const PageHull hull = PageHull::Of(addr, length, PageSize());
+    const Key key{hull.begin, hull.length()};
+    if (IoUringPins* pins = Pins();
+        pins != nullptr && hull.length() <= kMaxIoUringPin) {
+      absl::StatusOr<uint32_t> slot = pins->Pin(hull.start(), hull.length());
+      if (slot.ok()) {
+        MutexLock lock(&pins_mu_);
+        pinned_.emplace(key, static_cast<int64_t>(*slot));
+        return absl::OkStatus();
+      }
+      // ENOMEM is the memlock limit; anything else is pinned by mlock.
+      if (absl::IsResourceExhausted(slot.status())) return slot.status();
+    }
     if (mlock(hull.start(), hull.length()) != 0) {
       return ErrnoStatus(
           errno, absl::StrCat("mlock(", PtrArgs(hull.start(), hull.length()),
                               ") to pin a transfer buffer"));
     }
+    MutexLock lock(&pins_mu_);
+    pinned_.emplace(key, kMlocked);
     return absl::OkStatus();
   }
 
   absl::Status UnpinRange(const void* addr, size_t length) override {
     const PageHull hull = PageHull::Of(addr, length, PageSize());
+    int64_t how = kMlocked;
+    {
+      MutexLock lock(&pins_mu_);
+      auto it = pinned_.find(Key{hull.begin, hull.length()});
+      if (it != pinned_.end()) {
+        how = it->second;
+        pinned_.erase(it);
+      }
+    }
+    if (how != kMlocked) return pins_->Unpin(static_cast<uint32_t>(how));
     if (munlock(hull.start(), hull.length()) != 0) {
       return ErrnoStatus(
           errno, absl::StrCat("munlock(", PtrArgs(hull.start(), hull.length()),
@@ -580,6 +612,25 @@ class PosixOs final : public Os {
   }
 
  private:
+  // A pinned range: its page hull.
+  using Key = std::pair<uintptr_t, size_t>;
+  static constexpr int64_t kMlocked = -1;
+  static constexpr size_t kMaxIoUringPin = size_t{1} << 30;
+
+  // The io_uring pins, opened on first use; null when unavailable.
+  IoUringPins* Pins() {
+    std::call_once(pins_once_,
+                   [this] { pins_ = IoUringPins::Open(/*why=*/nullptr); });
+    return pins_.get();
+  }
+
+  std::once_flag pins_once_;
+  std::unique_ptr<IoUringPins> pins_;
+  Mutex pins_mu_;
+  // How each pinned range was pinned: its io_uring slot, or kMlocked. One
+  // range may be pinned more than once (by two engines): one entry each.
+  std::multimap<Key, int64_t> pinned_ ABSL_GUARDED_BY(pins_mu_);
+
   const bool numa_available_;
   // libnuma caches node masks in globals it fills in without locking
   // (numa_node_to_cpus, reached from numa_run_on_node, races when two

@@ -1,0 +1,81 @@
+// IoUringPins: pins caller memory for a transfer the way the kernel pins
+// memory for DMA — a long-term pin of the pages (pin_user_pages with
+// FOLL_LONGTERM, what VFIO's MAP_DMA and RDMA registration take), charged
+// to RLIMIT_MEMLOCK for a process without CAP_IPC_LOCK — through io_uring's
+// registered buffers: one ring with a sparse buffer table, a buffer
+// registered into a free slot to pin and the slot emptied to unpin. No I/O
+// is ever submitted to the ring.
+//
+// Against mlock()/munlock() of the same 4 KiB pages it is about 4x cheaper
+// (256 MiB: 7 ms against 30 ms on the project's 2-core VM, per page: no
+// LRU moves to and from the unevictable list, no VMA split and merge), which
+// is what lets pinning run beside a transfer's DMA instead of behind it.
+//
+// Open returns null where it cannot be used: kernels before 5.19 (no
+// sparse registration), io_uring turned off (kernel.io_uring_disabled, a
+// seccomp filter), or any other failure of the ring's set-up. Pin fails
+// with the kernel's errno: ENOMEM over the memlock limit, EFAULT or
+// EOPNOTSUPP for memory it does not pin long-term (file-backed mappings),
+// and UNAVAILABLE when every slot is in use; but for ENOMEM the caller can
+// pin some other way.
+//
+// Thread-safety: thread-safe; the slot table is guarded by a mutex, the
+// registration calls run outside it.
+//
+//   std::string why;
+//   std::unique_ptr<IoUringPins> pins = IoUringPins::Open(&why);
+//   if (pins) {
+//     TPUSHIM_ASSIGN_OR_RETURN(uint32_t slot, pins->Pin(p, n));
+//     ... DMA ...
+//     TPUSHIM_RETURN_IF_ERROR(pins->Unpin(slot));
+//   }
+
+#ifndef TPUSHIM_ENV_POSIX_IO_URING_PINS_H_
+#define TPUSHIM_ENV_POSIX_IO_URING_PINS_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "common/mutex.h"
+
+namespace tpushim {
+
+class IoUringPins {
+ public:
+  // Slots in the sparse table: pieces pinned at once by every transfer of
+  // the process (each piece of a pinned transfer is one, 4 MiB by
+  // default).
+  static constexpr uint32_t kSlots = 4096;
+
+  // Null when io_uring cannot pin here; `why` (may be null) says why.
+  static std::unique_ptr<IoUringPins> Open(std::string* why);
+
+  IoUringPins(const IoUringPins&) = delete;
+  IoUringPins& operator=(const IoUringPins&) = delete;
+  ~IoUringPins();  // unpins whatever is still pinned, closes the ring
+
+  // Pins the pages of [addr, addr + length) and returns the slot that
+  // holds them. REQUIRES: length >= 1 and at most 1 GiB (io_uring's
+  // largest buffer).
+  absl::StatusOr<uint32_t> Pin(const void* addr, size_t length);
+  // Unpins what Pin returned `slot` for.
+  absl::Status Unpin(uint32_t slot);
+
+ private:
+  explicit IoUringPins(int ring_fd);
+  // Registers iov (or, null, empties) `slot`.
+  int Update(uint32_t slot, const void* addr, size_t length);
+
+  const int ring_fd_;
+  Mutex mu_;
+  std::vector<uint32_t> free_slots_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace tpushim
+
+#endif  // TPUSHIM_ENV_POSIX_IO_URING_PINS_H_
