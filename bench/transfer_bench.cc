@@ -52,6 +52,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <new>
 #include <memory>
 #include <optional>
 #include <string>
@@ -146,10 +147,29 @@ Rig& LinkRig() {
 }
 
 // Warm heap memory (pages touched) of `n` bytes.
-std::vector<char> Warm(uint64_t n, char v) { return std::vector<char>(n, v); }
+// Caller memory as frameworks hand it over: 64-byte aligned (PyTorch's CPU
+// allocator, NumPy's). A plain std::vector of this size sits 16 bytes past
+// a page boundary, off the cache-line phase of the device's memory, which
+// on some CPUs halves the simulated device's copy into it
+// (docs/performance.md#pinned-transfers).
+template <typename T>
+struct CacheAligned {
+  using value_type = T;
+  CacheAligned() = default;
+  template <typename U>
+  CacheAligned(const CacheAligned<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  bool operator==(const CacheAligned&) const { return true; }
+};
+using HostBytes = std::vector<char, CacheAligned<char>>;
+
+HostBytes Warm(uint64_t n, char v) { return HostBytes(n, v); }
 
 void BM_Memcpy(benchmark::State& state, uint64_t n) {
-  std::vector<char> a = Warm(n, 1), b = Warm(n, 2);
+  HostBytes a = Warm(n, 1), b = Warm(n, 2);
   for (auto _ : state) {
     std::memcpy(b.data(), a.data(), n);
     benchmark::ClobberMemory();
@@ -162,7 +182,7 @@ void BM_Transfer(benchmark::State& state, bool h2d, TransferPath path,
   Rig& rig = path == TransferPath::kPinned ? RegionOffRig() : MainRig();
   TransferEngine& engine = *rig.engine;
   char* host = nullptr;
-  std::vector<char> heap;
+  HostBytes heap;
   if (path == TransferPath::kZeroCopy) {
     auto p = rig.region->allocator().Allocate(n);
     if (!p.ok()) {
@@ -217,7 +237,7 @@ MultiResult RunThreads(Rig& rig, int threads, uint64_t bytes, bool h2d,
   const auto until = start + std::chrono::duration<double>(seconds);
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      std::vector<char> host = Warm(bytes, char(t));
+      HostBytes host = Warm(bytes, char(t));
       std::vector<double> lat;
       lat.reserve(1 << 16);
       const uint64_t offset = (uint64_t(t) * bytes) % (g_max_size - bytes + 1);
@@ -269,7 +289,7 @@ void BM_Aggregate1M(benchmark::State& state, int threads) {
 
 void BM_Link25(benchmark::State& state, uint64_t n) {
   Rig& rig = LinkRig();
-  std::vector<char> host = Warm(n, 5);
+  HostBytes host = Warm(n, 5);
   for (auto _ : state) {
     auto ev = rig.engine->TransferToDevice(host.data(), rig.buffer, 0, n);
     if (!ev.ok() || !ev->Await().ok()) Die(ev.status(), "link transfer");
@@ -315,9 +335,9 @@ void BM_HeadOfLine(benchmark::State& state, HolSetup setup) {
   TransferEngine& engine = *rig->engine;
   auto small = engine.Allocate(1, 4096);
   if (!small.ok()) Die(small.status(), "device 1 buffer");
-  std::vector<char> host_small = Warm(4096, 1);
+  HostBytes host_small = Warm(4096, 1);
   // Page-aligned, untouched by the rig: mlock faults it in on first use.
-  std::vector<char> host_big = Warm(big, 2);
+  HostBytes host_big = Warm(big, 2);
   if (engine.PathFor(host_big.data(), big) != TransferPath::kPinned) {
     state.SkipWithError("the large transfers would not be pinned");
     return;
@@ -327,7 +347,7 @@ void BM_HeadOfLine(benchmark::State& state, HolSetup setup) {
     std::atomic<uint64_t> large_done{0};
     std::thread background;
     if (loaded && setup == HolSetup::kCpuOnly) {
-      std::vector<char> source = Warm(big, 3);
+      HostBytes source = Warm(big, 3);
       background = std::thread([&, source = std::move(source)] {
         while (!stop.load(std::memory_order_relaxed)) {
           if (mlock(host_big.data(), big) != 0)
@@ -408,7 +428,7 @@ void BM_SideBySide(benchmark::State& state) {
     state.SkipWithError("the region cannot hold two buffers of --max-size");
     return;
   }
-  std::vector<char> heap = Warm(n, 7), heap2 = Warm(n, 8);
+  HostBytes heap = Warm(n, 7), heap2 = Warm(n, 8);
   std::memset(*a, 9, n);
   std::memset(*b, 9, n);
   struct Method {

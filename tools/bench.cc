@@ -253,14 +253,26 @@ double Percentile(const std::vector<double>& sorted, double p) {
 // ---- Measuring
 // -----------------------------------------------------------------
 
-// Host memory that is not from the region, with every page touched.
+// Host memory that is not from the region, with every page touched,
+// 64-byte aligned as frameworks' allocators hand it over (PyTorch's CPU
+// allocator, NumPy's). A plain new[] of a large size sits 16 bytes past a
+// page boundary, off the cache-line phase of the device's memory, and on
+// some CPUs that alone halves the simulated device's copy into it
+// (docs/performance.md#pinned-transfers).
 struct HeapBuffer {
-  std::unique_ptr<char[]> data;
+  struct Delete {
+    void operator()(char* p) const {
+      ::operator delete[](p, std::align_val_t{kHostAlignment});
+    }
+  };
+  static constexpr size_t kHostAlignment = 64;
+  std::unique_ptr<char[], Delete> data;
   uint64_t size = 0;
 
   static std::optional<HeapBuffer> Make(uint64_t n, char fill) {
     HeapBuffer b;
-    b.data.reset(new (std::nothrow) char[n]);
+    b.data.reset(static_cast<char*>(::operator new[](
+        n, std::align_val_t{kHostAlignment}, std::nothrow)));
     if (b.data == nullptr) return std::nullopt;
     std::memset(b.data.get(), fill, n);
     b.size = n;
