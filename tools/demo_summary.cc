@@ -341,6 +341,11 @@ void PrintSummary(const Summary& s, std::ostream& out) {
              ? absl::StrFormat("%.3f s, premapped behind the run "
                                "(TPUSHIM_PREMAP=background)",
                                *s.region_ready_seconds)
+         : !s.region.premap_error.empty()
+             ? absl::StrCat("never: premapping stopped at ",
+                            HumanReadableBytes(s.region.ready_bytes), " of ",
+                            HumanReadableBytes(s.premapped_bytes), " (",
+                            s.region.premap_error, ")")
              : absl::StrCat("not before the run ended (",
                             HumanReadableBytes(s.region.ready_bytes), " of ",
                             HumanReadableBytes(s.premapped_bytes), ")")});

@@ -106,6 +106,7 @@ TEST(RegionGrowthTest, GrowingMergesTheNewPartWithAFreeEnd) {
 }
 
 TEST(RegionGrowthTest, AllocateWaitsForTheRegionToGrowAndCountsTheWait) {
+  testutil::ScopedTestLogging logs({{"region_allocator", 1}});
   Memory m(8 * kMiB);
   RegionAllocator a(m.base(), 8 * kMiB, {.grows = true});
   a.Grow(kMiB);
@@ -136,6 +137,12 @@ TEST(RegionGrowthTest, AllocateWaitsForTheRegionToGrowAndCountsTheWait) {
   EXPECT_GE(s.ready_wait_ns, 50'000'000);
   EXPECT_EQ(s.failures, 0u);
   ExpectConsistent(a);
+  // TPU_VMODULE=region_allocator=1 logs the wait.
+  EXPECT_THAT(logs.File("INFO"),
+              HasSubstr("Allocating 4.00M from the premapped region waited "));
+  EXPECT_THAT(logs.File("INFO"),
+              HasSubstr(" ms for it to be premapped (6291456 of 8388608 "
+                        "bytes ready)"));
 }
 
 TEST(RegionGrowthTest, StopGrowingWakesWaitersWithTheReasonInTheError) {

@@ -153,6 +153,26 @@ TEST_F(DemoTest, BackgroundPremappingIsTimedApartFromCreation) {
   EXPECT_EQ(text.exit_code, 0) << text.out << text.err;
   EXPECT_THAT(text.out, HasSubstr("region ready"));
   EXPECT_THAT(text.out, HasSubstr(" not premapped yet"));
+
+  // Pre-faulting fails behind the run (madvise call 1 is the huge-page
+  // advice, or the first chunk without it): the region never becomes
+  // whole, the JSON says null, every byte still arrives (pinned).
+  SubprocessResult failed =
+      RunSmall(WithJson({"demo", "--steps", "2", "--batch-bytes", "256K"}),
+               {"TPUSHIM_PREMAP=background", "TPUSHIM_HUGEPAGES=off",
+                "TPUSHIM_FAULTS=madvise:nth=1"});
+  EXPECT_EQ(failed.exit_code, 0) << failed.out << failed.err;
+  const Json f = ParseJson(failed.out);
+  ASSERT_TRUE(f.is_object()) << failed.out;
+  EXPECT_TRUE(f["region_ready_seconds"].is_null()) << f;
+  EXPECT_GT(f["pinned_transfers"]["not_premapped"].get<uint64_t>(), 0u) << f;
+  EXPECT_EQ(f["errors"], 0) << f;
+  SubprocessResult failed_text =
+      RunSmall({"demo", "--steps", "2", "--batch-bytes", "256K"},
+               {"TPUSHIM_PREMAP=background", "TPUSHIM_HUGEPAGES=off",
+                "TPUSHIM_FAULTS=madvise:nth=1"});
+  EXPECT_THAT(failed_text.out,
+              HasSubstr("never: premapping stopped at 0B of 16.00M ("));
 }
 
 TEST_F(DemoTest, JsonHasTheSummaryFields) {
