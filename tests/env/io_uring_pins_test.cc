@@ -132,6 +132,22 @@ TEST(PosixOsPinTest, PinRangeIsCountedAndReleasedPairwise) {
   EXPECT_EQ(held(), before);
 }
 
+// Where io_uring can pin, PosixOs pins that way (VmPin), not with mlock.
+TEST(PosixOsPinTest, PinRangeUsesTheLongTermPinWhereIoUringCan) {
+  if (IoUringPins::Open(nullptr) == nullptr) {
+    GTEST_SKIP() << "io_uring cannot pin here";
+  }
+  Os* os = Os::Default();
+  Buffer b(kMiB);
+  const uint64_t pinned = StatusKiB("VmPin");
+  const uint64_t locked = StatusKiB("VmLck");
+  ASSERT_TRUE(os->PinRange(b.data, kMiB).ok());
+  EXPECT_EQ(StatusKiB("VmPin") - pinned, kMiB / kKiB);
+  EXPECT_EQ(StatusKiB("VmLck"), locked);
+  ASSERT_TRUE(os->UnpinRange(b.data, kMiB).ok());
+  EXPECT_EQ(StatusKiB("VmPin"), pinned);
+}
+
 // A file-backed mapping, which io_uring does not pin long-term on every
 // kernel, is still pinned (locked, if need be).
 TEST(PosixOsPinTest, FileBackedMemoryIsPinnedToo) {
