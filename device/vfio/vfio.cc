@@ -521,16 +521,23 @@ absl::Status VfioDevice::CheckMemlock(uint64_t more_bytes) {
       "CAP_IPC_LOCK"));
 }
 
+absl::Status VfioDevice::CheckWholePages(const void* vaddr,
+                                         uint64_t length) const {
+  const auto address = reinterpret_cast<uintptr_t>(vaddr);
+  if (length != 0 && address % iova_page_ == 0 && length % iova_page_ == 0) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrFormat(
+      "IOMMU mapping of %p, %d bytes for %s: both must be whole %d-byte "
+      "IOMMU pages",
+      vaddr, length, name(), iova_page_));
+}
+
 absl::StatusOr<uint64_t> VfioDevice::MapDma(const void* vaddr, uint64_t length,
                                             uint64_t chunk,
                                             const Progress& progress) {
   const auto address = reinterpret_cast<uintptr_t>(vaddr);
-  if (length == 0 || address % iova_page_ != 0 || length % iova_page_ != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "IOMMU mapping of %p, %d bytes for %s: both must be whole %d-byte "
-        "IOMMU pages",
-        vaddr, length, name(), iova_page_));
-  }
+  TPUSHIM_RETURN_IF_ERROR(CheckWholePages(vaddr, length));
   if (chunk == 0 || chunk > length) chunk = length;
   chunk = (chunk + iova_page_ - 1) / iova_page_ * iova_page_;
   const uint64_t calls = (length + chunk - 1) / chunk;
@@ -610,12 +617,7 @@ absl::StatusOr<uint64_t> VfioDevice::MapDma(const void* vaddr, uint64_t length,
 absl::StatusOr<uint64_t> VfioDevice::ReserveDma(const void* vaddr,
                                                 uint64_t length) {
   const auto address = reinterpret_cast<uintptr_t>(vaddr);
-  if (length == 0 || address % iova_page_ != 0 || length % iova_page_ != 0) {
-    return absl::InvalidArgumentError(absl::StrFormat(
-        "IOMMU mapping of %p, %d bytes for %s: both must be whole %d-byte "
-        "IOMMU pages",
-        vaddr, length, name(), iova_page_));
-  }
+  TPUSHIM_RETURN_IF_ERROR(CheckWholePages(vaddr, length));
   MutexLock lock(&mu_);
   absl::StatusOr<uint64_t> iova = iova_->Allocate(length);
   if (!iova.ok()) {

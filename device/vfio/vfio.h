@@ -190,6 +190,8 @@ class VfioDevice {
   absl::Status Setup(const Options& options);
   absl::Status CheckHost();
   absl::Status CheckMemlock(uint64_t more_bytes);
+  // INVALID_ARGUMENT unless both are whole IOMMU pages (length >= 1).
+  absl::Status CheckWholePages(const void* vaddr, uint64_t length) const;
 
   const PciAddress address_;
   Os* const os_;

@@ -24,17 +24,10 @@
 #include "env/fault_injection.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/allocator/region_test_support.h"
 #include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
-
-class RegionAllocatorTestPeer {
- public:
-  static absl::Status CheckInvariants(const RegionAllocator& allocator) {
-    MutexLock lock(&allocator.mu_);
-    return allocator.CheckInvariantsLocked();
-  }
-};
 
 namespace {
 
@@ -43,21 +36,8 @@ using ::testing::Not;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-class Memory {
- public:
-  explicit Memory(uint64_t size)
-      : memory_(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096)) {}
-  ~Memory() { std::free(memory_); }
-  void* base() const { return memory_; }
-
- private:
-  void* memory_;
-};
-
-void ExpectConsistent(const RegionAllocator& allocator) {
-  const absl::Status s = RegionAllocatorTestPeer::CheckInvariants(allocator);
-  EXPECT_TRUE(s.ok()) << s;
-}
+using Memory = testutil::TestRegion;
+using testutil::ExpectConsistent;
 
 TEST(RegionGrowthTest, ServesNothingUntilGrownThenOnlyTheReadyPart) {
   Memory m(8 * kMiB);

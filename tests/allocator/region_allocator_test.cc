@@ -14,17 +14,10 @@
 #include "absl/strings/str_split.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/allocator/region_test_support.h"
 #include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
-
-class RegionAllocatorTestPeer {
- public:
-  static absl::Status CheckInvariants(const RegionAllocator& allocator) {
-    MutexLock lock(&allocator.mu_);
-    return allocator.CheckInvariantsLocked();
-  }
-};
 
 namespace {
 
@@ -34,26 +27,8 @@ using ::testing::StartsWith;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// Real, 4 KiB-aligned memory for a region under test.
-class TestRegion {
- public:
-  explicit TestRegion(uint64_t size)
-      // aligned_alloc wants a multiple of the alignment (ASan insists).
-      : size_(size),
-        memory_(std::aligned_alloc(4096, (size + 4095) / 4096 * 4096)) {}
-  ~TestRegion() { std::free(memory_); }
-  void* base() const { return memory_; }
-  uint64_t size() const { return size_; }
-
- private:
-  uint64_t size_;
-  void* memory_;
-};
-
-void ExpectConsistent(const RegionAllocator& allocator) {
-  const absl::Status s = RegionAllocatorTestPeer::CheckInvariants(allocator);
-  EXPECT_TRUE(s.ok()) << s;
-}
+using testutil::ExpectConsistent;
+using testutil::TestRegion;
 
 TEST(RegionAllocatorTest, FailsWithLibtpuMessageWhenFull) {
   TestRegion region(16 * kMiB);
