@@ -1,6 +1,8 @@
 #include "allocator/premapped_region.h"
 
 #include <algorithm>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
 
@@ -132,7 +134,7 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   // 5. Pre-fault, then 6. register with the devices.
   std::function<absl::Status(uint64_t)> on_ready = nullptr;
   if (on_progress) {
-    on_ready = [&on_progress, total = range.length](uint64_t ready) {
+    on_ready = [&on_progress, total = size](uint64_t ready) {
       on_progress(ready, total);
       return absl::OkStatus();
     };
@@ -258,16 +260,29 @@ absl::Status PremappedRegion::Populate(
 
 void PremappedRegion::StartPremapping(BackgroundHooks hooks) {
   Background& b = *background_;
-  MutexLock lock(&b.mu);
-  b.started = true;
-  b.hooks = std::move(hooks);
-  b.thread = std::thread([this] { RunBackground(); });
+  std::string cannot_start;
+  {
+    MutexLock lock(&b.mu);
+    b.started = true;
+    b.hooks = std::move(hooks);
+    try {
+      b.thread = std::thread([this] { RunBackground(); });
+    } catch (const std::system_error& e) {
+      cannot_start = e.what();
+    }
+  }
+  // No thread: premapping ends here, as a failure behind the caller would.
+  if (!cannot_start.empty()) {
+    FinishBackground(absl::ResourceExhaustedError(
+        absl::StrCat("cannot start the premapping thread: ", cannot_start)));
+  }
 }
 
 void PremappedRegion::RunBackground() {
   Background& b = *background_;
-  const uint64_t size = prepared_.size;
-  const uint64_t total = prepared_.range.length;
+  // The size asked for, not the mapping's (rounded up to its page size):
+  // progress ends at what the caller knows as the region's size.
+  const uint64_t total = prepared_.size;
   absl::Status status = Populate(
       [&](uint64_t ready) -> absl::Status {
         if (b.hooks.extend_dma) {
@@ -278,6 +293,12 @@ void PremappedRegion::RunBackground() {
         return absl::OkStatus();
       },
       nullptr);
+  FinishBackground(status);
+}
+
+void PremappedRegion::FinishBackground(const absl::Status& status) {
+  Background& b = *background_;
+  const uint64_t size = prepared_.size;
   const uint64_t ready = allocator_->ready_bytes();
   if (status.ok()) {
     allocator_->Grow(size);
@@ -321,7 +342,10 @@ absl::Status PremappedRegion::WaitUntilPremapped() {
   MutexLock lock(&b.mu);
   while (!b.done) {
     if (!b.started) {
-      return absl::FailedPreconditionError("premapping was never started");
+      return b.stop ? absl::CancelledError(
+                          "premapping was stopped before it started")
+                    : absl::FailedPreconditionError(
+                          "premapping was never started");
     }
     b.done_cv.Wait(&b.mu);
   }

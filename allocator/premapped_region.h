@@ -185,6 +185,10 @@ class PremappedRegion {
       const std::function<absl::Status(uint64_t ready)>& on_ready,
       const DmaRegistration& register_for_dma);
   void RunBackground();
+  // The end of background premapping, however it ends: the allocator
+  // stops growing (or is whole), the end is logged and told to on_done,
+  // and WaitUntilPremapped returns.
+  void FinishBackground(const absl::Status& status);
 
   // Constant after construction.
   Os* const os_;

@@ -352,6 +352,8 @@ absl::Status RegionAllocator::Free(void* ptr) {
         base(), reinterpret_cast<void*>(base_ + capacity_)));
   }
   const uint64_t offset = reinterpret_cast<uintptr_t>(ptr) - base_;
+  bool freed = false;
+  bool growing = false;
   {
     MutexLock lock(&mu_);
     auto it = live_.find(offset);
@@ -361,8 +363,14 @@ absl::Status RegionAllocator::Free(void* ptr) {
       bytes_in_use_ -= blocks_[b].size;
       ++frees_;
       FreeBlockLocked(b);
-      return absl::OkStatus();
+      freed = true;
+      growing = growing_;
     }
+  }
+  if (freed) {
+    // An Allocate waiting for the region to grow may fit in this block.
+    if (growing) ready_cv_.SignalAll();
+    return absl::OkStatus();
   }
   return absl::InvalidArgumentError(absl::StrFormat(
       "Free(%p): not a live allocation of %s (freed twice, or a pointer "
@@ -473,8 +481,9 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size) {
   // Space a larger region adds is page-aligned: it holds any alignment.
   const uint64_t needed = RoundUp(size, kUnit);
   std::string hint;
-  if (s.ready < capacity_) {
-    // Only a region that stopped short gets here: a growing one waits.
+  if (s.ready < capacity_ && !s.growing) {
+    // A region that stopped short (a growing one waits, unless this is an
+    // injected failure).
     hint = absl::StrCat(
         "Premapping the region stopped after ", s.ready, " of its ", capacity_,
         " bytes (",

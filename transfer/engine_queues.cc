@@ -131,9 +131,9 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
   op->device = a->device;
   // Staged whatever the size: the copy through staging is the relayout.
   // With the region off, the pinned path DMAs a heap image.
-  op->path = region_ == nullptr || !StagingReady() ? TransferPath::kPinned
-                                                   : TransferPath::kStaged;
-  op->pin_reason = region_ == nullptr ? 1 : (StagingReady() ? 0 : 3);
+  const bool staging_ready = region_ != nullptr && StagingReady();
+  op->path = staging_ready ? TransferPath::kStaged : TransferPath::kPinned;
+  op->pin_reason = region_ == nullptr ? 1 : (staging_ready ? 0 : 3);
   op->relayout = &shape.plan;
   op->image_bytes = a->image_bytes;
   if (to_device) {

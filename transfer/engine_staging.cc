@@ -133,8 +133,14 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
                   "'s DMA, so it must be staged, and the premapped region has "
                   "no room for a ",
                   HumanReadableBytes(op.staging_chunk),
-                  " staging buffer with nothing in flight to free one (the "
-                  "application's buffers fill it)")));
+                  " staging buffer with nothing in flight to free one ",
+                  region_->allocator().ready_bytes() < region_->size()
+                      ? absl::StrCat("(premapping the region stopped after ",
+                                     HumanReadableBytes(
+                                         region_->allocator().ready_bytes()),
+                                     " of ",
+                                     HumanReadableBytes(region_->size()), ")")
+                      : std::string("(the application's buffers fill it)"))));
     ChunkDone(op);
     return FirstStaging::kHandled;
   }

@@ -618,6 +618,9 @@ absl::StatusOr<uint64_t> VfioDevice::ReserveDma(const void* vaddr,
                                                 uint64_t length) {
   const auto address = reinterpret_cast<uintptr_t>(vaddr);
   TPUSHIM_RETURN_IF_ERROR(CheckWholePages(vaddr, length));
+  // The limit must cover all of it, as for MapDma: a start-up error now,
+  // not premapping that stops part-way.
+  TPUSHIM_RETURN_IF_ERROR(CheckMemlock(length));
   MutexLock lock(&mu_);
   absl::StatusOr<uint64_t> iova = iova_->Allocate(length);
   if (!iova.ok()) {

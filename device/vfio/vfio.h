@@ -168,8 +168,9 @@ class VfioDevice {
   // not be pinned before it is): ReserveDma takes the IOVA range for
   // [vaddr, vaddr + length) and maps nothing; GrowDma maps it up to its
   // first `mapped` bytes (rounded up to IOMMU pages, at most `length`),
-  // one MAP_DMA per call. Checks and errors as MapDma's; a failed GrowDma
-  // leaves the mapping as it was. UnmapDma(iova, length) undoes the whole.
+  // one MAP_DMA per call. Checks and errors as MapDma's (ReserveDma checks
+  // the memlock limit for the whole length); a failed GrowDma leaves the
+  // mapping as it was. UnmapDma(iova, length) undoes the whole.
   // REQUIRES: GrowDma calls of one mapping are not concurrent with each
   // other or with its UnmapDma.
   absl::StatusOr<uint64_t> ReserveDma(const void* vaddr, uint64_t length);

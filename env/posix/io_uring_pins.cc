@@ -6,7 +6,10 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +20,18 @@ namespace {
 
 int Register(int fd, unsigned op, void* arg, unsigned nr) {
   return static_cast<int>(syscall(__NR_io_uring_register, fd, op, arg, nr));
+}
+
+// VmPin of /proc/self/status, in KiB; -1 when it cannot be read.
+int64_t PinnedKiB() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmPin:", 0) == 0) {
+      return std::strtoll(line.c_str() + 6, nullptr, 10);
+    }
+  }
+  return -1;
 }
 
 }  // namespace
@@ -39,7 +54,29 @@ std::unique_ptr<IoUringPins> IoUringPins::Open(std::string* why) {
     close(fd);
     return fail("io_uring_register(IORING_REGISTER_BUFFERS2, sparse)", err);
   }
-  return std::unique_ptr<IoUringPins>(new IoUringPins(fd));
+  auto pins = std::unique_ptr<IoUringPins>(new IoUringPins(fd));
+  // Kernels from 5.19 to about 6.3 release an emptied slot's pages from a
+  // delayed work item, up to a second later: pins would pile up past the
+  // bound on pinned bytes and into the memlock limit. Pin one page and
+  // check that the kernel counts it (VmPin) and stops counting it at once.
+  std::unique_ptr<char, void (*)(void*)> page(
+      static_cast<char*>(std::aligned_alloc(4096, 4096)), std::free);
+  if (page == nullptr) return fail("a page for the probe", ENOMEM);
+  page.get()[0] = 1;
+  const int64_t before = PinnedKiB();
+  absl::StatusOr<uint32_t> slot = pins->Pin(page.get(), 4096);
+  const int64_t during = PinnedKiB();
+  const bool unpinned = slot.ok() && pins->Unpin(*slot).ok();
+  const int64_t after = PinnedKiB();
+  if (!slot.ok() || !unpinned || before < 0 || during != before + 4 ||
+      after != before) {
+    return fail(absl::StrFormat(
+                    "io_uring buffer registration probe: VmPin %d, %d while "
+                    "one page was pinned, %d after it was unpinned",
+                    before, during, after),
+                slot.ok() ? EAGAIN : ENOMEM);
+  }
+  return pins;
 }
 
 IoUringPins::IoUringPins(int ring_fd) : ring_fd_(ring_fd) {

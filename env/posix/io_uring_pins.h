@@ -12,12 +12,15 @@
 // is what lets pinning run beside a transfer's DMA instead of behind it.
 //
 // Open returns null where it cannot be used: kernels before 5.19 (no
-// sparse registration), io_uring turned off (kernel.io_uring_disabled, a
-// seccomp filter), or any other failure of the ring's set-up. Pin fails
-// with the kernel's errno: ENOMEM over the memlock limit, EFAULT or
-// EOPNOTSUPP for memory it does not pin long-term (file-backed mappings),
-// and UNAVAILABLE when every slot is in use; but for ENOMEM the caller can
-// pin some other way.
+// sparse registration), kernels that release an emptied slot's pages only
+// later from a work item (5.19 to about 6.3: Open pins and unpins one page
+// and checks that VmPin follows at once), io_uring turned off
+// (kernel.io_uring_disabled, a seccomp filter), or any other failure of
+// the ring's set-up. Pin fails with the kernel's errno: ENOMEM over the
+// memlock limit (which io_uring counts for all of the user's processes
+// together, not per process as mlock does), EFAULT or EOPNOTSUPP for
+// memory it does not pin long-term (file-backed mappings), and UNAVAILABLE
+// when every slot is in use. The caller then pins some other way.
 //
 // Thread-safety: thread-safe; the slot table is guarded by a mutex, the
 // registration calls run outside it.

@@ -142,8 +142,9 @@ class PosixOs final : public Os {
 
   // The kernel's long-term pin through io_uring (env/posix/io_uring_pins.h)
   // where it can be had; mlock() where io_uring is unavailable, out of
-  // slots, or refuses the memory (file-backed mappings). A failure that is
-  // the memlock limit is returned as it is: mlock would hit the same limit.
+  // slots, or refuses the memory (file-backed mappings), and also when it
+  // hits the memlock limit: io_uring charges the user's pins in all its
+  // processes, mlock this process's locked memory, so mlock may still fit.
   absl::Status PinRange(const void* addr, size_t length) override {
     const PageHull hull = PageHull::Of(addr, length, PageSize());
     const Key key{hull.begin, hull.length()};
@@ -155,8 +156,6 @@ class PosixOs final : public Os {
         pinned_.emplace(key, static_cast<int64_t>(*slot));
         return absl::OkStatus();
       }
-      // ENOMEM is the memlock limit; anything else is pinned by mlock.
-      if (absl::IsResourceExhausted(slot.status())) return slot.status();
     }
     if (mlock(hull.start(), hull.length()) != 0) {
       return ErrnoStatus(
@@ -179,7 +178,11 @@ class PosixOs final : public Os {
         pinned_.erase(it);
       }
     }
-    if (how != kMlocked) return pins_->Unpin(static_cast<uint32_t>(how));
+    if (how != kMlocked) {
+      // A forked child shares the parent's ring: the slot is the parent's.
+      if (getpid() != pins_pid_) return absl::OkStatus();
+      return pins_->Unpin(static_cast<uint32_t>(how));
+    }
     if (munlock(hull.start(), hull.length()) != 0) {
       return ErrnoStatus(
           errno, absl::StrCat("munlock(", PtrArgs(hull.start(), hull.length()),
@@ -617,15 +620,20 @@ class PosixOs final : public Os {
   static constexpr int64_t kMlocked = -1;
   static constexpr size_t kMaxIoUringPin = size_t{1} << 30;
 
-  // The io_uring pins, opened on first use; null when unavailable.
+  // The io_uring pins, opened on first use; null when unavailable, and in
+  // a forked child, which shares the ring and its slots with its parent
+  // but not the record of which slots are free.
   IoUringPins* Pins() {
-    std::call_once(pins_once_,
-                   [this] { pins_ = IoUringPins::Open(/*why=*/nullptr); });
-    return pins_.get();
+    std::call_once(pins_once_, [this] {
+      pins_ = IoUringPins::Open(/*why=*/nullptr);
+      pins_pid_ = getpid();
+    });
+    return getpid() == pins_pid_ ? pins_.get() : nullptr;
   }
 
   std::once_flag pins_once_;
   std::unique_ptr<IoUringPins> pins_;
+  pid_t pins_pid_ = 0;  // set once, by the call_once above
   Mutex pins_mu_;
   // How each pinned range was pinned: its io_uring slot, or kMlocked. One
   // range may be pinned more than once (by two engines): one entry each.

@@ -125,6 +125,26 @@ TEST(RegionGrowthTest, AllocateWaitsForTheRegionToGrowAndCountsTheWait) {
                         "bytes ready)"));
 }
 
+// A Free during growth wakes an Allocate that the freed block serves,
+// without waiting for the next Grow.
+TEST(RegionGrowthTest, AFreeWakesAWaiterItCanServe) {
+  Memory m(8 * kMiB);
+  RegionAllocator a(m.base(), 8 * kMiB, {.grows = true});
+  a.Grow(2 * kMiB);
+  absl::StatusOr<void*> held = a.Allocate(2 * kMiB);
+  ASSERT_TRUE(held.ok());
+  absl::StatusOr<void*> waiting;
+  std::thread t([&] { waiting = a.Allocate(kMiB); });
+  absl::SleepFor(absl::Milliseconds(20));
+  ASSERT_TRUE(a.Free(*held).ok());
+  t.join();  // would hang until the test's end without the wake-up
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  EXPECT_EQ(*waiting, m.base());
+  EXPECT_TRUE(a.growing());
+  ASSERT_TRUE(a.Free(*waiting).ok());
+  ExpectConsistent(a);
+}
+
 TEST(RegionGrowthTest, StopGrowingWakesWaitersWithTheReasonInTheError) {
   testutil::ScopedTestLogging logs;
   Memory m(8 * kMiB);
@@ -306,6 +326,32 @@ TEST(BackgroundPremapTest, CreateReturnsBeforeAnyPageIsPopulated) {
   region->reset();
   EXPECT_EQ(os.mapped_bytes(), 0u);
   EXPECT_EQ(os.locked_bytes(), 0u);
+}
+
+// Progress ends at the size asked for, also when the mapping is larger
+// (rounded up to whole huge pages).
+TEST(BackgroundPremapTest, ProgressEndsAtTheSizeAskedFor) {
+  GatedOs gated(Os::Default());
+  OptionOverrides o;
+  o.premapped_buffer_size = 6 * kMiB + 4096;
+  o.premap = PremapMode::kBackground;
+  o.hugepages = HugePagesMode::kAuto;
+  absl::StatusOr<Options> options = ResolveOptions(gated, o);
+  ASSERT_TRUE(options.ok());
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(*options, &gated, nullptr);
+  ASSERT_TRUE(region.ok()) << region.status();
+  std::vector<std::pair<uint64_t, uint64_t>> seen;
+  (*region)->StartPremapping(PremappedRegion::BackgroundHooks{
+      .extend_dma = nullptr,
+      .on_progress = [&](uint64_t done,
+                         uint64_t total) { seen.emplace_back(done, total); },
+      .on_done = nullptr});
+  ASSERT_TRUE((*region)->WaitUntilPremapped().ok());
+  ASSERT_FALSE(seen.empty());
+  EXPECT_EQ(seen.back(), std::make_pair(6 * kMiB + 4096, 6 * kMiB + 4096));
+  for (const auto& [done, total] : seen) EXPECT_LE(done, total);
+  EXPECT_EQ((*region)->allocator().ready_bytes(), 6 * kMiB + 4096);
 }
 
 TEST(BackgroundPremapTest, DestroyedMidWayStopsAndLeavesNothingBehind) {

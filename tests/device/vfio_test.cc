@@ -704,6 +704,20 @@ TEST(VfioDeviceTest, MapDmaBeyondTheMemlockLimitNamesUlimit) {
   EXPECT_TRUE((*device)->MapDma(kBuffer, 512 * kKiB).ok());
 }
 
+// A reserved mapping is checked against the limit for its whole length
+// up front: a region premapped in the background fails start-up as the
+// foreground's does, instead of stopping part-way.
+TEST(VfioDeviceTest, ReserveDmaBeyondTheMemlockLimitFailsAtOnce) {
+  FakeVfioOs os{FakeHost{.memlock_soft = kMiB, .vmlck_kib = 512}};
+  absl::StatusOr<std::unique_ptr<VfioDevice>> device = OpenOn(os);
+  ASSERT_TRUE(device.ok()) << device.status();
+  ExpectError((*device)->ReserveDma(kBuffer, 768 * kKiB).status(),
+              absl::StatusCode::kFailedPrecondition,
+              {"memlock limit", "ulimit -l", "0000:01:00.0"});
+  EXPECT_THAT(os.map_calls(), IsEmpty());
+  EXPECT_TRUE((*device)->ReserveDma(kBuffer, 512 * kKiB).ok());
+}
+
 TEST(VfioDeviceTest, MemlockCheckCountsWhatEarlierMappingsPinned) {
   FakeVfioOs os{FakeHost{.memlock_soft = kMiB}};
   absl::StatusOr<std::unique_ptr<VfioDevice>> device = OpenOn(os);
