@@ -72,7 +72,7 @@ namespace {
 
 // The settings in the order of docs/configuration.md's table, which
 // DescribeOptions keeps.
-constexpr std::array<absl::string_view, 17> kVariables = {
+constexpr std::array<absl::string_view, 18> kVariables = {
     "TPU_PREMAPPED_BUFFER_SIZE",
     "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES",
     "TPU_LOG_DIR",
