@@ -13,6 +13,7 @@
 #include "allocator/prefaulter.h"
 #include "common/human_bytes.h"
 #include "common/status_macros.h"
+#include "env/fork_guard.h"
 #include "env/host_facts.h"
 #include "logging/log.h"
 
@@ -77,7 +78,14 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   // 2. Map.
   TPUSHIM_ASSIGN_OR_RETURN(MappedRange range,
                            MapRegion(*os, size, plan, options.hugepages.value));
-  absl::Cleanup unmap = [&] { (void)os->Munmap(range.start, range.length); };
+  absl::Cleanup unmap = [&] {
+    ForgetForkExclusion(range.start);
+    (void)os->Munmap(range.start, range.length);
+  };
+  // A fork() child must not share it: the parent's writes to it would turn
+  // copy-on-write for as long as the child lives.
+  TPUSHIM_RETURN_IF_ERROR(ExcludeFromFork(*os, range.start, range.length,
+                                          "the premapped region"));
 
   // 3. Bind before the first touch.
   absl::Status bound = bind
@@ -365,6 +373,7 @@ PremappedRegion::~PremappedRegion() {
     absl::Status s = os_->Munlock(range.start, range.length);
     if (!s.ok()) LOG(WARNING) << "munlock of the premapped region: " << s;
   }
+  ForgetForkExclusion(range.start);
   absl::Status s = os_->Munmap(range.start, range.length);
   if (!s.ok()) LOG(WARNING) << "munmap of the premapped region: " << s;
 }

@@ -6,6 +6,7 @@
 
 #include "common/status_macros.h"
 #include "device/nvme/nvme_spec.h"
+#include "env/fork_guard.h"
 #include "logging/log.h"
 
 namespace tpushim::nvme_internal {
@@ -16,6 +17,7 @@ DmaArena::~DmaArena() {
     absl::Status s = vfio_->UnmapDma(iova_, size_);
     if (!s.ok()) LOG(WARNING) << "Unmapping the NVMe DMA arena: " << s;
   }
+  ForgetForkExclusion(base_);
   absl::Status s = os_->Munmap(base_, size_);
   if (!s.ok()) LOG(WARNING) << "Unmapping the NVMe DMA arena: " << s;
 }
@@ -26,8 +28,18 @@ absl::Status DmaArena::Create(uint64_t size) {
       void* p, os_->Mmap(nullptr, size_, PROT_READ | PROT_WRITE,
                          MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0));
   base_ = static_cast<char*>(p);
+  // Pinned by its IOMMU mapping: a fork() child would get a copy of every
+  // page at fork() itself.
+  absl::Status excluded =
+      ExcludeFromFork(*os_, base_, size_, "the NVMe DMA arena");
+  if (!excluded.ok()) {
+    (void)os_->Munmap(base_, size_);
+    base_ = nullptr;
+    return excluded;
+  }
   absl::StatusOr<uint64_t> iova = vfio_->MapDma(base_, size_);
   if (!iova.ok()) {
+    ForgetForkExclusion(base_);
     (void)os_->Munmap(base_, size_);
     base_ = nullptr;
     return iova.status();

@@ -19,6 +19,7 @@
 #include "common/mutex.h"
 #include "common/status_macros.h"
 #include "device/host_window_table.h"
+#include "env/fork_guard.h"
 #include "logging/log.h"
 
 namespace tpushim {
@@ -54,6 +55,7 @@ class SimCluster {
   SimCluster& operator=(const SimCluster&) = delete;
   ~SimCluster() {
     for (const Hbm& h : hbm_) {
+      ForgetForkExclusion(h.base);
       absl::Status s = os_->Munmap(h.base, h.size);
       if (!s.ok()) LOG(ERROR) << "Unmapping simulated HBM failed: " << s;
     }
@@ -502,7 +504,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
   }
   std::vector<SimCluster::Hbm> hbm;
   auto unmap_all = [&] {
-    for (const SimCluster::Hbm& h : hbm) (void)os->Munmap(h.base, h.size);
+    for (const SimCluster::Hbm& h : hbm) {
+      ForgetForkExclusion(h.base);
+      (void)os->Munmap(h.base, h.size);
+    }
   };
   for (int i = 0; i < url.devices; ++i) {
     absl::StatusOr<void*> p =
@@ -517,6 +522,15 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
                        " (", url.text, ") failed: ", p.status().message()));
     }
     hbm.push_back({static_cast<char*>(*p), url.hbm_bytes});
+    // Device memory: a fork() child has no business with it, and sharing it
+    // would make the parent's DMA writes copy pages while the child lives.
+    absl::Status excluded =
+        ExcludeFromFork(*os, *p, url.hbm_bytes,
+                        absl::StrCat("the HBM of simulated device ", i));
+    if (!excluded.ok()) {
+      unmap_all();
+      return excluded;
+    }
   }
   auto cluster = std::make_shared<SimCluster>(os, std::move(hbm));
   const int node = os->NumaNodeOfCurrentCpu();
