@@ -258,6 +258,11 @@ TpuShim_Error* SystemGetStats(TpuShim_System_GetStats_Args* args) {
         TPUSHIM_STRUCT_SIZE(TpuShim_Stats, staged_misaligned)) {
       out->staged_misaligned = t.staged_misaligned;
     }
+    if (out->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_Stats, bounce_pool_bytes)) {
+      out->staged_bounce = t.staged_bounce;
+      out->bounce_pool_bytes = t.bounce_pool_bytes;
+    }
     return absl::OkStatus();
   });
 }

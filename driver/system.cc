@@ -11,6 +11,7 @@
 #include "allocator/premapped_region.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
+#include "env/fork_guard.h"
 #include "device/devices.h"
 #include "driver/system_internal.h"
 #include "env/fault_injection.h"
@@ -24,6 +25,8 @@ namespace tpushim {
 // its buffers, so a buffer outliving its system (a REQUIRES violation)
 // finds the region gone instead of freeing into unmapped memory.
 struct PinnedHostBuffer::Owner {
+  // The process whose region the buffers are in (a fork() child has none).
+  const pid_t pid = CurrentProcessId();
   Mutex mu;
   RegionAllocator* allocator ABSL_GUARDED_BY(mu) = nullptr;
 };
@@ -47,6 +50,11 @@ PinnedHostBuffer& PinnedHostBuffer::operator=(
 PinnedHostBuffer::~PinnedHostBuffer() { Reset(); }
 
 void PinnedHostBuffer::Reset() {
+  if (data_ != nullptr && owner_ != nullptr && ForkedChildOf(owner_->pid)) {
+    // Inherited through fork(): the region stayed with the parent, and a
+    // lock held there at fork() would never be released here.
+    data_ = nullptr;
+  }
   if (data_ != nullptr && owner_ != nullptr) {
     MutexLock lock(&owner_->mu);
     if (owner_->allocator != nullptr) {
@@ -129,6 +137,8 @@ class StartupReporter {
 };
 
 struct System::Impl {
+  // The process that created the system; a fork() child only abandons it.
+  const pid_t pid = CurrentProcessId();
   Options options;
   std::unique_ptr<StartupReporter> startup;
   // From TPUSHIM_FAULTS; null when SystemFactory's caller injects faults.
@@ -386,7 +396,15 @@ absl::StatusOr<std::unique_ptr<System>> System::Create(
 
 System::System(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
-System::~System() = default;
+System::~System() {
+  if (impl_ != nullptr && ForkedChildOf(impl_->pid)) {
+    // A fork() child's copy: its threads, pinned memory and devices stayed
+    // with the parent, and its locks may be held forever. Tearing it down
+    // would wait for threads that do not exist here; its heap goes with
+    // the child's exec or exit.
+    (void)impl_.release();
+  }
+}
 
 int System::device_count() const {
   return static_cast<int>(impl_->devices.size());
@@ -403,10 +421,12 @@ const DeviceDescription& System::device(int device) const {
 absl::Duration System::init_time() const { return impl_->init_time; }
 
 StartupProgress System::premap_progress() const {
+  if (ForkedChildOf(impl_->pid)) return StartupProgress{};
   return impl_->startup->Snapshot();
 }
 
 absl::Status System::AwaitPremapped() {
+  if (ForkedChildOf(impl_->pid)) return ForkedChildError("This System", impl_->pid);
   if (impl_->region == nullptr) return absl::OkStatus();
   return impl_->region->WaitUntilPremapped();
 }
@@ -425,6 +445,7 @@ std::string System::log_directory() const {
 
 absl::StatusOr<PinnedHostBuffer> System::AllocatePinnedHost(uint64_t size,
                                                             size_t alignment) {
+  if (ForkedChildOf(impl_->pid)) return ForkedChildError("This System", impl_->pid);
   if (impl_->region == nullptr) {
     return absl::FailedPreconditionError(
         "Cannot allocate a pinned host buffer: the premapped region is off "
@@ -491,6 +512,7 @@ TransferPath System::PathFor(const void* host, uint64_t size) const {
 
 SystemStats System::GetStats() const {
   SystemStats s;
+  if (ForkedChildOf(impl_->pid)) return s;
   s.transfers = impl_->engine->GetStats();
   if (impl_->region != nullptr) {
     const PremappedRegion::Stats r = impl_->region->GetStats();

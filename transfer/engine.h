@@ -38,6 +38,7 @@
 #include "device/xla_shape.h"
 #include "env/os.h"
 #include "tpushim/transfer.h"
+#include "transfer/bounce_pool.h"
 #include "transfer/event.h"
 #include "transfer/host_worker.h"
 #include "transfer/memory_profile.h"
@@ -94,7 +95,38 @@ struct Allocation {
 
 enum class OpKind { kToDevice, kFromDevice, kDeviceToDevice };
 
+// Why a host transfer takes the pinned path (counted in Stats).
+enum class PinReason : uint8_t {
+  kOverThreshold,   // larger than the threshold
+  kRegionOff,       // no region, and too large for the bounce pool
+  kStagingTimeout,  // no staging room freed up within Config::staging_wait
+  kNotPremapped,    // premapped behind the caller, staging room not yet
+};
+inline constexpr int kPinReasonCount = 4;
+
+// The path PathFor chooses for a host transfer, and why.
+struct PathChoice {
+  TransferPath path = TransferPath::kPinned;
+  PinReason pin_reason = PinReason::kOverThreshold;  // path == kPinned
+  // The device cannot DMA the caller's buffer where it is
+  // (DeviceInfo::host_alignment): staging is its only path, and it must
+  // not fall back to pinning.
+  bool misaligned = false;
+  // Staged only because it is misaligned (counted, and warned about).
+  bool rerouted = false;
+  // Staged through the engine's bounce pool, not the region (the region
+  // is off).
+  bool bounce = false;
+};
+
 struct Op;
+
+// Unmaps an array transfer's host image (Op::image).
+struct HostImageUnmap {
+  Os* os = nullptr;
+  uint64_t bytes = 0;
+  void operator()(char* p) const;
+};
 
 // The pinned path moves the caller's buffer in pieces: each is pinned and
 // registered with the device while its descriptors run, then unregistered
@@ -125,12 +157,12 @@ struct Op {
   OpKind kind = OpKind::kToDevice;
   DmaDirection direction = DmaDirection::kHostToDevice;
   TransferPath path = TransferPath::kZeroCopy;
-  // Why a pinned transfer is pinned: 0 over threshold, 1 region off,
-  // 2 staging timeout.
-  int pin_reason = 0;
+  PinReason pin_reason = PinReason::kOverThreshold;  // path == kPinned
   // The device cannot DMA the caller's buffer where it is (DeviceInfo::
   // host_alignment): staging is its only path.
   bool misaligned = false;
+  // Staged through the bounce pool rather than the region's staging.
+  bool bounce = false;
   int device = 0;             // the queue's device
   const char* src = nullptr;  // host source (to device)
   char* dst = nullptr;        // host destination (from device)
@@ -142,12 +174,12 @@ struct Op {
   // An array transfer: the host holds the dense array (src / dst) and the
   // device the tiled image of buffer->shape; `size` is the image's length.
   // Staged, each chunk's copy is the relayout; pinned, the whole image
-  // goes through `image` (a heap buffer the pinned path DMAs).
+  // goes through `image` (a mapping of its own the pinned path DMAs).
   const RelayoutPlan* relayout = nullptr;
   uint64_t image_bytes = 0;  // of `size`, the image; the rest is zero
   const char* dense_src = nullptr;
   char* dense_dst = nullptr;
-  std::unique_ptr<char, void (*)(char*)> image{nullptr, nullptr};
+  std::unique_ptr<char, HostImageUnmap> image;
   HostBufferSemantics semantics =
       HostBufferSemantics::kImmutableUntilTransferCompletes;
   std::shared_ptr<EventState> event;
@@ -260,12 +292,9 @@ class Engine {
   absl::StatusOr<std::shared_ptr<Op>> NewDeviceToDeviceOp(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size);
-  // The path a host transfer to or from `device` takes; *reason says why
-  // it is pinned (0 over the threshold, 1 region off). *misaligned: the
-  // device cannot DMA the buffer where it is, so it is staged and must not
-  // fall back to pinning; *rerouted: it is staged only for that.
-  TransferPath PathFor(const void* host, uint64_t size, int device, int* reason,
-                       bool* misaligned, bool* rerouted) const;
+  // The path a host transfer of `size` bytes at `host` to or from
+  // `device` takes, and why.
+  PathChoice PathFor(const void* host, uint64_t size, int device) const;
   // Whether the region's staging room is premapped (always, unless it is
   // premapped behind the caller and not that far yet). REQUIRES: a region.
   bool StagingReady() const {
@@ -357,7 +386,7 @@ class Engine {
   // an empty transfer).
   void StartStagedToDevice(Op& op, char* first);
   void StartStagedFromDevice(Op& op, char* first);
-  void StartPinned(Op& op, int reason);
+  void StartPinned(Op& op, PinReason reason);
   // Lays the pinned path's pieces and their descriptors out; returns the
   // number of pieces.
   uint32_t LayOutPinned(Op& op);
@@ -384,15 +413,39 @@ class Engine {
   static void PackRange(const Op& op, uint64_t offset, uint64_t n, char* dst);
   static void UnpackRange(const Op& op, const char* src, uint64_t offset,
                           uint64_t n);
-  void WarnPinned(const Op& op, int reason);
+  void WarnPinned(const Op& op, PinReason reason);
   void WarnMisaligned(const Op& op, const void* host);
   // The rate limit the fallback WARNINGs share: at most one every
   // Config::fallback_warning_interval. False when this one is suppressed;
   // else *suppressed is how many were since the last one printed.
   bool TakeWarningTurn(uint64_t* suppressed);
 
-  char* AcquireStaging(uint64_t bytes, int64_t deadline_ns, bool* waited);
-  void ReleaseStaging(char* p, uint64_t bytes);
+  // A staging buffer of `bytes` for `op`, from the region within the
+  // staging budget, or from the bounce pool (Op::bounce); waits until
+  // `deadline_ns` for room. Null when there is none by then.
+  char* AcquireStaging(const Op& op, uint64_t bytes, int64_t deadline_ns,
+                       bool* waited);
+  void ReleaseStaging(const Op& op, char* p, uint64_t bytes);
+  // The region's staging, within the budget; null when there is no room.
+  char* TakeRegionStaging(uint64_t bytes);
+  // Where `op`'s staging buffers live, for its descriptors.
+  HostWindowId StagingWindow(const Op& op) const {
+    return op.bounce ? bounce_windows_[op.device]
+                     : region_windows_[op.device];
+  }
+  uint64_t StagingOffset(const Op& op, const char* p) const {
+    const char* base =
+        op.bounce ? bounce_->base() : static_cast<const char*>(region_->base());
+    return static_cast<uint64_t>(p - base);
+  }
+  // Staging buffers one transfer holds at once: Config::staging_depth, and
+  // two in the bounce pool, which all devices share.
+  int StagingDepth(const Op& op) const {
+    return op.bounce ? std::min(config_.staging_depth, 2)
+                     : config_.staging_depth;
+  }
+  // Maps the bounce pool and registers it with every device.
+  absl::Status StartBouncePool();
 
   // Constant after construction.
   const uint64_t serial_;
@@ -405,6 +458,9 @@ class Engine {
   const uint64_t max_staging_;
   const uint64_t threshold_;
   const int64_t origin_ns_;
+  // The process that made the engine: in a fork() child every call is
+  // FAILED_PRECONDITION before it takes a lock (env/fork_guard.h).
+  const pid_t owner_pid_;
 
   CallbackExecutor callbacks_;
   // Host-side completion work, one worker per device so that one device's
@@ -417,6 +473,10 @@ class Engine {
   std::shared_ptr<MemoryProfile> memory_profile_;
   std::vector<std::unique_ptr<Sink>> sinks_;
   std::vector<HostWindowId> region_windows_;  // per device
+  // The region is off: the bounce pool (null when Config::bounce_pool_bytes
+  // is 0) and its windows, per device. Set by Start().
+  std::unique_ptr<BouncePool> bounce_;
+  std::vector<HostWindowId> bounce_windows_;
   std::vector<std::unique_ptr<Queue>> queues_;
   std::atomic<uint64_t> next_op_id_{1};
 
@@ -462,10 +522,10 @@ class Engine {
   };
   std::array<std::array<PathCounters, kTransferPathCount>, 2> host_stats_;
   PathCounters d2d_stats_;
-  // Why transfers were pinned: 0 above the threshold, 1 region off, 2 no
-  // staging freed in time, 3 staging space not premapped yet.
-  std::array<std::atomic<uint64_t>, 4> pinned_reasons_{};
+  // Why transfers were pinned, by PinReason.
+  std::array<std::atomic<uint64_t>, kPinReasonCount> pinned_reasons_{};
   std::atomic<uint64_t> staged_misaligned_{0};
+  std::atomic<uint64_t> staged_bounce_{0};
 
   // Rate limit of the pinned-path WARNING.
   Mutex warn_mu_;

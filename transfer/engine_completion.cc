@@ -58,7 +58,7 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
         if (reuse) {
           if (wake) op.staging_cv.Signal();
         } else {
-          ReleaseStaging(chunk.staging, op.staging_chunk);
+          ReleaseStaging(op, chunk.staging, op.staging_chunk);
         }
         chunk.staging = nullptr;
       } else {

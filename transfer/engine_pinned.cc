@@ -1,3 +1,5 @@
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <memory>
@@ -8,10 +10,17 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "common/human_bytes.h"
+#include "env/fork_guard.h"
 #include "logging/log.h"
 #include "transfer/engine.h"
 
 namespace tpushim::transfer_internal {
+
+void HostImageUnmap::operator()(char* p) const {
+  ForgetForkExclusion(p);
+  absl::Status s = os->Munmap(p, bytes);
+  if (!s.ok()) LOG(ERROR) << "Unmapping an array transfer's host image: " << s;
+}
 
 uint32_t Engine::LayOutPinned(Op& op) {
   const uint64_t piece_bytes = config_.pinned_piece_bytes;
@@ -70,17 +79,28 @@ uint32_t Engine::LayOutPinned(Op& op) {
 bool Engine::PrepareImage(Op& op) {
   const uint64_t page = os_->PageSize();
   const uint64_t bytes = (op.size + page - 1) / page * page;
-  op.image = std::unique_ptr<char, void (*)(char*)>(
-      static_cast<char*>(std::aligned_alloc(page, bytes)),
-      [](char* p) { std::free(p); });
-  if (op.image == nullptr) {
-    op.RecordError(absl::ResourceExhaustedError(absl::StrCat(
-        "an array transfer of ", op.buffer->shape->text,
-        " needs a host image of its ", HumanReadableBytes(op.size),
-        " device layout to pin (the premapped region is off or had no "
-        "staging room), and the heap has no room for it")));
+  // Its own mapping, excluded from fork like the rest of the engine's DMA
+  // memory: it is pinned while its pieces move.
+  absl::StatusOr<void*> mapped =
+      os_->Mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
+                MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  absl::Status excluded =
+      mapped.ok() ? ExcludeFromFork(*os_, *mapped, bytes,
+                                    "an array transfer's host image")
+                  : mapped.status();
+  if (!excluded.ok()) {
+    if (mapped.ok()) (void)os_->Munmap(*mapped, bytes);
+    op.RecordError(absl::Status(
+        excluded.code(),
+        absl::StrCat("an array transfer of ", op.buffer->shape->text,
+                     " needs a host image of its ", HumanReadableBytes(op.size),
+                     " device layout to pin (the premapped region is off or "
+                     "had no staging room), and mapping one failed: ",
+                     excluded.message())));
     return false;
   }
+  op.image = std::unique_ptr<char, HostImageUnmap>(static_cast<char*>(*mapped),
+                                                   HostImageUnmap{os_, bytes});
   if (op.kind == OpKind::kToDevice) {
     PackRange(op, 0, op.size, op.image.get());
     op.src = op.image.get();
@@ -90,11 +110,11 @@ bool Engine::PrepareImage(Op& op) {
   return true;
 }
 
-void Engine::StartPinned(Op& op, int reason) {
+void Engine::StartPinned(Op& op, PinReason reason) {
   if (op.path == TransferPath::kStaged) op.path = TransferPath::kPinned;
-  if (reason != 2) {
-    pinned_reasons_[reason].fetch_add(1, std::memory_order_relaxed);
-  }
+  op.pin_reason = reason;
+  pinned_reasons_[static_cast<int>(reason)].fetch_add(
+      1, std::memory_order_relaxed);
   if (op.size == 0) {
     ChunkDone(op);
     return;
@@ -213,22 +233,29 @@ void Engine::WarnMisaligned(const Op& op, const void* host) {
                        : std::string());
 }
 
-void Engine::WarnPinned(const Op& op, int reason) {
+void Engine::WarnPinned(const Op& op, PinReason reason) {
   uint64_t suppressed = 0;
   if (!TakeWarningTurn(&suppressed)) return;
   std::string why;
   switch (reason) {
-    case 0:
+    case PinReason::kOverThreshold:
       why = absl::StrCat(
           "it is larger than TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=",
           threshold_, " (", HumanReadableBytes(threshold_), ")");
       break;
-    case 1:
-      why =
-          "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE=0, so "
-          "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES is 0)";
+    case PinReason::kRegionOff:
+      why = bounce_ != nullptr
+                ? absl::StrCat(
+                      "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE="
+                      "0) and it is larger than the ",
+                      HumanReadableBytes(config_.bounce_max_bytes),
+                      " the engine's bounce pool stages")
+                : std::string(
+                      "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE="
+                      "0, so TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES is "
+                      "0)");
       break;
-    case 3: {
+    case PinReason::kNotPremapped: {
       const uint64_t ready = region_->allocator().ready_bytes();
       const PremappedRegion::Stats r = region_->GetStats();
       why = r.premap_error.ok()
@@ -243,7 +270,15 @@ void Engine::WarnPinned(const Op& op, int reason) {
                                r.premap_error.ToString(), ")");
       break;
     }
-    default:
+    case PinReason::kStagingTimeout:
+      if (region_ == nullptr) {
+        why = absl::StrCat("the engine's ",
+                           HumanReadableBytes(bounce_->size()),
+                           " bounce pool had no room within ",
+                           absl::FormatDuration(config_.staging_wait),
+                           " (the premapped region is off)");
+        break;
+      }
       why = absl::StrCat(
           "no staging space in the premapped region freed up within ",
           absl::FormatDuration(config_.staging_wait), " (",

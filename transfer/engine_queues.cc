@@ -13,37 +13,47 @@ namespace tpushim::transfer_internal {
 
 // ---- Submission ------------------------------------------------------------
 
-TransferPath Engine::PathFor(const void* host, uint64_t size, int device,
-                             int* reason, bool* misaligned,
-                             bool* rerouted) const {
-  *reason = 0;
-  *misaligned = false;
-  *rerouted = false;
+PathChoice Engine::PathFor(const void* host, uint64_t size,
+                           int device) const {
+  PathChoice c;
+  const uint32_t align = devices_[device]->info().host_alignment;
+  const bool misaligned = size > 0 && align > 1 &&
+                          reinterpret_cast<uintptr_t>(host) % align != 0;
   if (region_ == nullptr) {
-    *reason = 1;
-    return TransferPath::kPinned;
+    // Small transfers, and any the device cannot DMA where they are, go
+    // through the bounce pool: pinning the caller's pages costs tens of
+    // microseconds a call.
+    if (bounce_ != nullptr && size > 0 &&
+        (size <= config_.bounce_max_bytes || misaligned)) {
+      c.path = TransferPath::kStaged;
+      c.bounce = true;
+      c.misaligned = misaligned;
+      c.rerouted = misaligned && size > config_.bounce_max_bytes;
+      return c;
+    }
+    c.pin_reason = PinReason::kRegionOff;
+    c.misaligned = misaligned;
+    return c;
   }
-  TransferPath path = TransferPath::kPinned;
   if (size > 0 && region_->allocator().Contains(host, size)) {
-    path = TransferPath::kZeroCopy;
+    c.path = TransferPath::kZeroCopy;
   } else if (size <= threshold_) {
-    path = TransferPath::kStaged;
+    c.path = TransferPath::kStaged;
     // Premapped behind the caller: no staging until its room is ready.
     if (!StagingReady()) {
-      path = TransferPath::kPinned;
-      *reason = 3;
+      c.path = TransferPath::kPinned;
+      c.pin_reason = PinReason::kNotPremapped;
     }
   }
   // A buffer the device cannot DMA where it is goes through staging, whose
   // buffers are page-aligned, whatever its size.
   // (A small one is staged anyway; it must not fall back to pinning.)
-  const uint32_t align = devices_[device]->info().host_alignment;
-  if (size > 0 && align > 1 && reinterpret_cast<uintptr_t>(host) % align != 0) {
-    *misaligned = true;
-    *rerouted = path != TransferPath::kStaged;
-    path = TransferPath::kStaged;
+  if (misaligned) {
+    c.misaligned = true;
+    c.rerouted = c.path != TransferPath::kStaged;
+    c.path = TransferPath::kStaged;
   }
-  return path;
+  return c;
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
@@ -68,12 +78,13 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
   op->direction =
       to_device ? DmaDirection::kHostToDevice : DmaDirection::kDeviceToHost;
   op->device = a->device;
-  bool rerouted = false;
-  op->path = PathFor(host, size, op->device, &op->pin_reason, &op->misaligned,
-                     &rerouted);
-  if (const uint32_t align = devices_[op->device]->info().host_alignment;
-      region_ == nullptr && size > 0 && align > 1 &&
-      reinterpret_cast<uintptr_t>(host) % align != 0) {
+  const PathChoice choice = PathFor(host, size, op->device);
+  op->path = choice.path;
+  op->pin_reason = choice.pin_reason;
+  op->misaligned = choice.misaligned;
+  op->bounce = choice.bounce;
+  if (choice.misaligned && op->path != TransferPath::kStaged) {
+    const uint32_t align = devices_[op->device]->info().host_alignment;
     ReleaseBufferUse(a);
     return absl::InvalidArgumentError(absl::StrCat(
         what, ": the host buffer at 0x",
@@ -89,7 +100,8 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
     op->dst = static_cast<char*>(const_cast<void*>(host));
   }
   op->size = size;
-  if (rerouted) {
+  if (choice.bounce) staged_bounce_.fetch_add(1, std::memory_order_relaxed);
+  if (choice.rerouted) {
     staged_misaligned_.fetch_add(1, std::memory_order_relaxed);
     WarnMisaligned(*op, host);
   }
@@ -133,7 +145,8 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
   // With the region off, the pinned path DMAs a heap image.
   const bool staging_ready = region_ != nullptr && StagingReady();
   op->path = staging_ready ? TransferPath::kStaged : TransferPath::kPinned;
-  op->pin_reason = region_ == nullptr ? 1 : (staging_ready ? 0 : 3);
+  op->pin_reason = region_ == nullptr ? PinReason::kRegionOff
+                                      : PinReason::kNotPremapped;
   op->relayout = &shape.plan;
   op->image_bytes = a->image_bytes;
   if (to_device) {
@@ -299,7 +312,7 @@ bool Engine::InlineStartable(const Op& op) const {
     case TransferPath::kZeroCopy:
       return true;
     case TransferPath::kStaged:
-      return op.size <= op.staging_chunk * config_.staging_depth;
+      return op.size <= op.staging_chunk * StagingDepth(op);
     case TransferPath::kPinned:
       return op.size <= config_.descriptor_bytes;
   }
@@ -320,13 +333,35 @@ std::string Engine::PathReason(const Op& op) const {
       if (op.misaligned) {
         return absl::StrCat("the host buffer is not ",
                             devices_[op.device]->info().host_alignment,
-                            "-byte aligned for the device's DMA");
+                            "-byte aligned for the device's DMA",
+                            op.bounce ? "; through the bounce pool, the "
+                                        "premapped region is off"
+                                      : "");
+      }
+      if (op.bounce) {
+        return absl::StrCat(
+            "the premapped region is off: through the engine's bounce pool, "
+            "for caller memory of at most ",
+            config_.bounce_max_bytes, " bytes");
       }
       return absl::StrCat("caller memory of at most the threshold, ",
                           threshold_, " bytes");
     case TransferPath::kPinned:
-      if (op.pin_reason == 1) return "the premapped region is off";
-      if (op.pin_reason == 3) return "staging space not premapped yet";
+      switch (op.pin_reason) {
+        case PinReason::kRegionOff:
+          return bounce_ != nullptr
+                     ? absl::StrCat("the premapped region is off and the "
+                                    "transfer is larger than the bounce "
+                                    "pool takes, ",
+                                    config_.bounce_max_bytes, " bytes")
+                     : std::string("the premapped region is off");
+        case PinReason::kNotPremapped:
+          return "staging space not premapped yet";
+        case PinReason::kStagingTimeout:
+          return "no staging space freed up in time";
+        case PinReason::kOverThreshold:
+          break;
+      }
       return absl::StrCat("caller memory above the threshold, ", threshold_,
                           " bytes");
   }

@@ -10,35 +10,44 @@
 
 namespace tpushim::transfer_internal {
 
-char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
+char* Engine::TakeRegionStaging(uint64_t bytes) {
+  uint64_t cur = staging_in_flight_.load(std::memory_order_relaxed);
+  bool reserved = false;
+  while (cur + bytes <= max_staging_) {
+    if (staging_in_flight_.compare_exchange_weak(cur, cur + bytes,
+                                                 std::memory_order_acq_rel)) {
+      reserved = true;
+      break;
+    }
+  }
+  if (!reserved) return nullptr;
+  char* p = static_cast<char*>(region_->allocator().TryAllocate(bytes));
+  if (p == nullptr) {
+    staging_in_flight_.fetch_sub(bytes, std::memory_order_acq_rel);
+    return nullptr;
+  }
+  const uint64_t now_in_flight = cur + bytes;
+  uint64_t peak = staging_peak_.load(std::memory_order_relaxed);
+  while (now_in_flight > peak &&
+         !staging_peak_.compare_exchange_weak(peak, now_in_flight)) {
+  }
+  if (trace_) trace_->StagingBytes(os_->MonotonicNanos(), now_in_flight);
+  return p;
+}
+
+char* Engine::AcquireStaging(const Op& op, uint64_t bytes, int64_t deadline_ns,
                              bool* waited) {
   int64_t wait_start = 0;
   for (;;) {
-    uint64_t cur = staging_in_flight_.load(std::memory_order_relaxed);
-    bool reserved = false;
-    while (cur + bytes <= max_staging_) {
-      if (staging_in_flight_.compare_exchange_weak(cur, cur + bytes,
-                                                   std::memory_order_acq_rel)) {
-        reserved = true;
-        break;
+    char* p = op.bounce
+                  ? static_cast<char*>(bounce_->allocator().TryAllocate(bytes))
+                  : TakeRegionStaging(bytes);
+    if (p != nullptr) {
+      if (wait_start != 0) {
+        staging_wait_ns_.fetch_add(os_->MonotonicNanos() - wait_start,
+                                   std::memory_order_relaxed);
       }
-    }
-    if (reserved) {
-      char* p = static_cast<char*>(region_->allocator().TryAllocate(bytes));
-      if (p != nullptr) {
-        const uint64_t now_in_flight = cur + bytes;
-        uint64_t peak = staging_peak_.load(std::memory_order_relaxed);
-        while (now_in_flight > peak &&
-               !staging_peak_.compare_exchange_weak(peak, now_in_flight)) {
-        }
-        if (trace_) trace_->StagingBytes(os_->MonotonicNanos(), now_in_flight);
-        if (wait_start != 0) {
-          staging_wait_ns_.fetch_add(os_->MonotonicNanos() - wait_start,
-                                     std::memory_order_relaxed);
-        }
-        return p;
-      }
-      staging_in_flight_.fetch_sub(bytes, std::memory_order_acq_rel);
+      return p;
     }
     const int64_t now = os_->MonotonicNanos();
     if (now >= deadline_ns || closing_.load(std::memory_order_acquire)) {
@@ -60,8 +69,9 @@ char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
     // signalled nobody. A short bounded wait covers the allocator side
     // (space freed by Free of a user buffer signals no one).
     const int64_t until = std::min(deadline_ns, now + 1'000'000);
-    if (staging_in_flight_.load(std::memory_order_acquire) + bytes >
-        max_staging_) {
+    if (!op.bounce && staging_in_flight_.load(std::memory_order_acquire) +
+                              bytes >
+                          max_staging_) {
       staging_cv_.WaitUntilMonotonicNanos(&staging_mu_, until);
     } else {
       staging_cv_.WaitUntilMonotonicNanos(&staging_mu_,
@@ -71,12 +81,17 @@ char* Engine::AcquireStaging(uint64_t bytes, int64_t deadline_ns,
   }
 }
 
-void Engine::ReleaseStaging(char* p, uint64_t bytes) {
-  absl::Status s = region_->allocator().Free(p);
-  if (!s.ok()) LOG(ERROR) << "Freeing a staging buffer failed: " << s;
-  const uint64_t now_in_flight =
-      staging_in_flight_.fetch_sub(bytes, std::memory_order_acq_rel) - bytes;
-  if (trace_) trace_->StagingBytes(os_->MonotonicNanos(), now_in_flight);
+void Engine::ReleaseStaging(const Op& op, char* p, uint64_t bytes) {
+  if (op.bounce) {
+    absl::Status s = bounce_->allocator().Free(p);
+    if (!s.ok()) LOG(ERROR) << "Freeing a bounce buffer failed: " << s;
+  } else {
+    absl::Status s = region_->allocator().Free(p);
+    if (!s.ok()) LOG(ERROR) << "Freeing a staging buffer failed: " << s;
+    const uint64_t now_in_flight =
+        staging_in_flight_.fetch_sub(bytes, std::memory_order_acq_rel) - bytes;
+    if (trace_) trace_->StagingBytes(os_->MonotonicNanos(), now_in_flight);
+  }
   bool wake;
   {
     MutexLock lock(&staging_mu_);
@@ -93,7 +108,7 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
                 : 0;
   bool waited = false;
   const int64_t asked_ns = may_block ? os_->MonotonicNanos() : 0;
-  *first = AcquireStaging(op.staging_chunk, deadline, &waited);
+  *first = AcquireStaging(op, op.staging_chunk, deadline, &waited);
   if (waited) {
     VLOG(1) << "Transfer " << op.id << " waited "
             << (os_->MonotonicNanos() - asked_ns) / 1000
@@ -115,37 +130,47 @@ Engine::FirstStaging Engine::AcquireFirstStaging(Op& op, bool may_block,
     // neither, the region is full of the application's buffers and
     // waiting would never end.
     while (*first == nullptr && !closing_.load(std::memory_order_acquire) &&
-           (staging_in_flight_.load(std::memory_order_acquire) > 0 ||
-            region_->allocator().growing())) {
-      *first = AcquireStaging(op.staging_chunk,
+           (op.bounce ? bounce_->allocator().GetStats().bytes_in_use > 0
+                      : (staging_in_flight_.load(std::memory_order_acquire) >
+                             0 ||
+                         region_->allocator().growing()))) {
+      *first = AcquireStaging(op, op.staging_chunk,
                               os_->MonotonicNanos() + absl::ToInt64Nanoseconds(
                                                           config_.staging_wait),
                               &waited);
     }
     if (*first != nullptr) return FirstStaging::kAcquired;
-    op.RecordError(
-        closing_.load(std::memory_order_acquire)
-            ? absl::CancelledError(
-                  "the transfer engine shut down before the transfer started")
-            : absl::ResourceExhaustedError(absl::StrCat(
-                  "the host buffer is not aligned for ",
-                  devices_[op.device]->info().name,
-                  "'s DMA, so it must be staged, and the premapped region has "
-                  "no room for a ",
-                  HumanReadableBytes(op.staging_chunk),
-                  " staging buffer with nothing in flight to free one ",
-                  region_->allocator().ready_bytes() < region_->size()
-                      ? absl::StrCat("(premapping the region stopped after ",
-                                     HumanReadableBytes(
-                                         region_->allocator().ready_bytes()),
-                                     " of ",
-                                     HumanReadableBytes(region_->size()), ")")
-                      : std::string("(the application's buffers fill it)"))));
+    if (closing_.load(std::memory_order_acquire)) {
+      op.RecordError(absl::CancelledError(
+          "the transfer engine shut down before the transfer started"));
+    } else if (op.bounce) {
+      op.RecordError(absl::ResourceExhaustedError(absl::StrCat(
+          "the host buffer is not aligned for ",
+          devices_[op.device]->info().name,
+          "'s DMA, so it must be staged, and the engine's ",
+          HumanReadableBytes(bounce_->size()), " bounce pool has no room for a ",
+          HumanReadableBytes(op.staging_chunk), " staging buffer")));
+    } else {
+      op.RecordError(absl::ResourceExhaustedError(absl::StrCat(
+          "the host buffer is not aligned for ",
+          devices_[op.device]->info().name,
+          "'s DMA, so it must be staged, and the premapped region has "
+          "no room for a ",
+          HumanReadableBytes(op.staging_chunk),
+          " staging buffer with nothing in flight to free one ",
+          region_->allocator().ready_bytes() < region_->size()
+              ? absl::StrCat(
+                    "(premapping the region stopped after ",
+                    HumanReadableBytes(region_->allocator().ready_bytes()),
+                    " of ", HumanReadableBytes(region_->size()), ")")
+              : std::string("(the application's buffers fill it)"))));
+    }
     ChunkDone(op);
     return FirstStaging::kHandled;
   }
-  pinned_reasons_[2].fetch_add(1, std::memory_order_relaxed);
-  StartPinned(op, 2);
+  // No staging room in time (the bounce pool's included): pin instead.
+  op.bounce = false;
+  StartPinned(op, PinReason::kStagingTimeout);
   return FirstStaging::kHandled;
 }
 
@@ -166,8 +191,8 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
           op.recycled.fetch_sub(1, std::memory_order_relaxed);
         }
       }
-      if (buf == nullptr && held < config_.staging_depth) {
-        buf = AcquireStaging(step, 0, nullptr);
+      if (buf == nullptr && held < StagingDepth(op)) {
+        buf = AcquireStaging(op, step, 0, nullptr);
         if (buf != nullptr) ++held;
       }
       if (buf == nullptr) {
@@ -205,9 +230,7 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
       std::memcpy(buf, op.src + c.offset, c.length);
     }
     buf = nullptr;
-    const uint64_t host_offset = reinterpret_cast<uintptr_t>(c.staging) -
-                                 reinterpret_cast<uintptr_t>(region_->base());
-    SubmitChunk(op, c, region_windows_[op.device], host_offset);
+    SubmitChunk(op, c, StagingWindow(op), StagingOffset(op, c.staging));
   }
   // Done copying: the caller's buffer is free, spare buffers go back.
   op.host_released.Notify();
@@ -218,7 +241,7 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
     spare.swap(op.free_staging);
     op.recycled.store(0, std::memory_order_relaxed);
   }
-  for (char* p : spare) ReleaseStaging(p, step);
+  for (char* p : spare) ReleaseStaging(op, p, step);
   if (i < n) ChunkDone(op, n - i);  // never submitted
   ChunkDone(op);                    // the starter's hold
 }
@@ -230,8 +253,8 @@ void Engine::StartStagedFromDevice(Op& op, char* first) {
   std::vector<char*> bufs;
   if (first != nullptr) {
     bufs.push_back(first);
-    while (bufs.size() < std::min<uint64_t>(n, config_.staging_depth)) {
-      char* p = AcquireStaging(step, 0, nullptr);
+    while (bufs.size() < std::min<uint64_t>(n, StagingDepth(op))) {
+      char* p = AcquireStaging(op, step, 0, nullptr);
       if (p == nullptr) break;
       bufs.push_back(p);
     }
@@ -240,12 +263,10 @@ void Engine::StartStagedFromDevice(Op& op, char* first) {
     MutexLock lock(&op.mu);
     op.next_chunk = static_cast<uint32_t>(bufs.size());
   }
-  const uint64_t base = reinterpret_cast<uintptr_t>(region_->base());
   for (size_t i = 0; i < bufs.size(); ++i) {
     Chunk& c = op.chunks[i];
     c.staging = bufs[i];
-    SubmitChunk(op, c, region_windows_[op.device],
-                reinterpret_cast<uintptr_t>(c.staging) - base);
+    SubmitChunk(op, c, StagingWindow(op), StagingOffset(op, c.staging));
   }
   ChunkDone(op);  // the starter's hold
 }
@@ -271,11 +292,9 @@ void Engine::NextFromDevice(Op& op, Chunk& chunk, bool ok) {
   }
   if (next != nullptr) {
     next->staging = buf;
-    SubmitChunk(op, *next, region_windows_[op.device],
-                reinterpret_cast<uintptr_t>(buf) -
-                    reinterpret_cast<uintptr_t>(region_->base()));
+    SubmitChunk(op, *next, StagingWindow(op), StagingOffset(op, buf));
   } else {
-    ReleaseStaging(buf, op.staging_chunk);
+    ReleaseStaging(op, buf, op.staging_chunk);
   }
   ChunkDone(op, 1 + abandoned);
 }

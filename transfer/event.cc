@@ -130,6 +130,9 @@ bool EventState::SpinUntilReady(int64_t spin_ns) const {
 }
 
 absl::Status EventState::Await() {
+  if (!ready_.load(std::memory_order_acquire) && ForkedChildOf(pid_)) {
+    return ForkedChildError("This event", pid_);
+  }
   if (!SpinUntilReady(await_spin_ns_.load(std::memory_order_relaxed))) {
     MutexLock lock(&mu_);
     ++waiters_;
@@ -141,6 +144,9 @@ absl::Status EventState::Await() {
 
 std::optional<absl::Status> EventState::AwaitWithTimeout(
     absl::Duration timeout) {
+  if (!ready_.load(std::memory_order_acquire) && ForkedChildOf(pid_)) {
+    return ForkedChildError("This event", pid_);
+  }
   const int64_t timeout_ns =
       timeout <= absl::ZeroDuration() ? 0 : absl::ToInt64Nanoseconds(timeout);
   const int64_t spin_ns =

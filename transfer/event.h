@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "env/fork_guard.h"
 #include "tpushim/transfer.h"
 
 namespace tpushim {
@@ -107,6 +108,9 @@ class EventState {
   bool SpinUntilReady(int64_t spin_ns) const;
 
   const void* const owner_;
+  // The process the event belongs to: awaiting a pending one in a fork()
+  // child (where nothing will ever resolve it) is FAILED_PRECONDITION.
+  const pid_t pid_ = CurrentProcessId();
   std::atomic<bool> ready_{false};
   std::atomic<int64_t> await_spin_ns_{kDefaultAwaitSpinNs};
   absl::Status status_;  // written once, before ready_ is released

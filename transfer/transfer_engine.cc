@@ -10,7 +10,9 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/human_bytes.h"
 #include "common/status_macros.h"
+#include "env/fork_guard.h"
 #include "logging/log.h"
 #include "transfer/engine.h"
 
@@ -57,6 +59,7 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
       max_staging_(max_staging),
       threshold_(region == nullptr ? 0 : region->allocator().threshold()),
       origin_ns_(os->MonotonicNanos()),
+      owner_pid_(CurrentProcessId()),
       pins_(os) {
   {
     MutexLock lock(&mu_);
@@ -95,6 +98,9 @@ absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
     }
     if (trace_) trace_->NameDevice(static_cast<int>(i), dev->info().name);
   }
+  if (region_ == nullptr && config_.bounce_pool_bytes > 0) {
+    TPUSHIM_RETURN_IF_ERROR(StartBouncePool());
+  }
   for (size_t i = 0; i < devices_.size(); ++i) {
     sinks_.push_back(std::make_unique<Sink>(this, static_cast<int>(i)));
     devices_[i]->SetCompletionSink(sinks_.back().get());
@@ -118,9 +124,49 @@ absl::Status Engine::Start(std::vector<HostWindowId> region_windows) {
   return absl::OkStatus();
 }
 
+absl::Status Engine::StartBouncePool() {
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::unique_ptr<BouncePool> pool,
+      BouncePool::Create(os_, config_.bounce_pool_bytes, config_.bounce_mlock));
+  std::vector<HostWindowId> windows;
+  for (Device* dev : devices_) {
+    absl::StatusOr<HostWindowId> w =
+        dev->RegisterHostWindow(pool->base(), pool->size());
+    if (!w.ok()) {
+      for (size_t j = 0; j < windows.size(); ++j) {
+        (void)devices_[j]->UnregisterHostWindow(windows[j]);
+      }
+      return absl::Status(
+          w.status().code(),
+          absl::StrCat("Registering the transfer engine's bounce pool with ",
+                       dev->info().name, " failed: ", w.status().message()));
+    }
+    windows.push_back(*w);
+  }
+  if (!pool->lock_error().ok()) {
+    LOG(WARNING) << "mlock() of the transfer engine's "
+                 << HumanReadableBytes(pool->size())
+                 << " bounce pool failed: " << pool->lock_error()
+                 << "; small transfers go through it unlocked "
+                    "(TPUSHIM_MLOCK=required makes this an error)";
+  }
+  LOG(INFO) << "Premapped region off: small transfers (up to "
+            << HumanReadableBytes(config_.bounce_max_bytes)
+            << ") are staged through a "
+            << HumanReadableBytes(pool->size()) << " "
+            << (pool->locked() ? "pinned" : "unlocked")
+            << " bounce pool instead of pinning the caller's memory";
+  bounce_ = std::move(pool);
+  bounce_windows_ = std::move(windows);
+  return absl::OkStatus();
+}
+
 Engine::~Engine() { Shutdown(); }
 
 absl::Status Engine::CheckOpen() const {
+  if (ForkedChildOf(owner_pid_)) {
+    return ForkedChildError("This System's transfer engine", owner_pid_);
+  }
   if (closing_.load(std::memory_order_acquire)) {
     return absl::FailedPreconditionError(
         "the transfer engine has been shut down");
@@ -197,6 +243,11 @@ void Engine::Shutdown() {
     }
   }
   region_windows_.clear();
+  for (size_t i = 0; i < bounce_windows_.size(); ++i) {
+    absl::Status s = devices_[i]->UnregisterHostWindow(bounce_windows_[i]);
+    if (!s.ok()) LOG(ERROR) << s;
+  }
+  bounce_windows_.clear();
   callbacks_.Drain();
   if (memory_profile_) {
     absl::Status s = memory_profile_->Close();
@@ -250,11 +301,19 @@ TransferEngine::Stats Engine::GetStats() const {
   s.max_staging_bytes = max_staging_;
   s.staging_waits = staging_waits_.load(std::memory_order_relaxed);
   s.staging_wait_ns = staging_wait_ns_.load(std::memory_order_relaxed);
-  s.pinned_over_threshold = pinned_reasons_[0].load(std::memory_order_relaxed);
-  s.pinned_region_off = pinned_reasons_[1].load(std::memory_order_relaxed);
-  s.pinned_staging_timeout = pinned_reasons_[2].load(std::memory_order_relaxed);
-  s.pinned_not_premapped = pinned_reasons_[3].load(std::memory_order_relaxed);
+  const auto pinned = [this](PinReason r) {
+    return pinned_reasons_[static_cast<int>(r)].load(std::memory_order_relaxed);
+  };
+  s.pinned_over_threshold = pinned(PinReason::kOverThreshold);
+  s.pinned_region_off = pinned(PinReason::kRegionOff);
+  s.pinned_staging_timeout = pinned(PinReason::kStagingTimeout);
+  s.pinned_not_premapped = pinned(PinReason::kNotPremapped);
   s.staged_misaligned = staged_misaligned_.load(std::memory_order_relaxed);
+  s.staged_bounce = staged_bounce_.load(std::memory_order_relaxed);
+  if (bounce_ != nullptr) {
+    s.bounce_pool_bytes = bounce_->size();
+    s.bounce_pool_locked = bounce_->locked();
+  }
   s.pinned_bytes_now = pins_.pinned_bytes();
   {
     MutexLock lock(&mu_);
@@ -325,6 +384,7 @@ TransferEngine::Config TransferEngine::Config::FromOptions(
     const Options& options) {
   Config config;
   config.trace_file = options.trace_file.value;
+  config.bounce_mlock = options.mlock.value;
   return config;
 }
 
@@ -377,6 +437,21 @@ absl::StatusOr<std::unique_ptr<TransferEngine>> TransferEngine::Create(
   config.descriptor_bytes = whole_blocks(config.descriptor_bytes);
   config.pinned_piece_bytes = whole_blocks(config.pinned_piece_bytes);
   uint64_t max_staging = 0;
+  if (region == nullptr && config.bounce_pool_bytes > 0) {
+    // Bounce pool staging: two buffers per transfer, for a few at once.
+    for (uint64_t& c : chunks) {
+      c = whole_blocks(std::min(c, config.bounce_pool_bytes / 4));
+    }
+    if (config.bounce_max_bytes == 0 ||
+        std::max(chunks[0], chunks[1]) > config.bounce_pool_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "TransferEngine: bounce_pool_bytes=", config.bounce_pool_bytes,
+          " must hold a staging chunk of whole device blocks (",
+          std::max(chunks[0], chunks[1]),
+          " bytes), and bounce_max_bytes must be >= 1 (got ",
+          config.bounce_max_bytes, ")"));
+    }
+  }
   if (region != nullptr) {
     for (uint64_t& c : chunks) {
       c = whole_blocks(std::min(c, region->allocator().threshold()));
@@ -478,11 +553,7 @@ absl::StatusOr<Event> TransferEngine::TransferDeviceToDevice(
 }
 
 TransferPath TransferEngine::PathFor(const void* host, uint64_t size) const {
-  int reason;
-  bool misaligned;
-  bool rerouted;
-  return impl_->PathFor(host, size, /*device=*/0, &reason, &misaligned,
-                        &rerouted);
+  return impl_->PathFor(host, size, /*device=*/0).path;
 }
 
 TransferEngine::Stats TransferEngine::GetStats() const {

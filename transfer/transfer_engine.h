@@ -134,6 +134,17 @@ class TransferEngine {
     // completing thread; larger ones on the engine's host copy thread, so
     // the copy overlaps the next chunk's DMA.
     uint64_t inline_copy_bytes = uint64_t{256} << 10;
+    // With the premapped region off: a pinned pool of this many bytes the
+    // engine maps, locks (as TPUSHIM_MLOCK says) and registers with every
+    // device at start-up, and through which it stages host transfers of at
+    // most `bounce_max_bytes` (and misaligned ones of any size) instead of
+    // pinning the caller's pages per call. 0 = no pool. The limit is where
+    // copying through the pool stops being cheaper than pinning: pinning
+    // costs tens of microseconds a call whatever the size, a 1 MiB copy
+    // about as much (docs/transfers.md has the measurements).
+    uint64_t bounce_pool_bytes = uint64_t{4} << 20;
+    uint64_t bounce_max_bytes = uint64_t{1} << 20;
+    MlockMode bounce_mlock = MlockMode::kOn;
     // TPUSHIM_TRACE_FILE; empty = no trace.
     std::string trace_file{};
     // TPUSHIM_MEMORY_PROFILE, opened by whoever starts the engine

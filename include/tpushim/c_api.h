@@ -370,6 +370,11 @@ typedef struct TpuShim_Stats {
    * DMA the caller's buffer where it is (not aligned for it); written only
    * when struct_size covers it. */
   uint64_t staged_misaligned;
+  /* 1.4: with the premapped region off, small transfers staged through the
+   * engine's own pinned bounce pool, and the pool's size (0 when there is
+   * none); written only when struct_size covers them. */
+  uint64_t staged_bounce;
+  uint64_t bounce_pool_bytes;
 } TpuShim_Stats;
 #define TPUSHIM_STATS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_Stats, callbacks_run)

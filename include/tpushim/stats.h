@@ -57,6 +57,13 @@ struct TransferStats {
   // Transfers staged whatever their size because the device cannot DMA the
   // caller's buffer where it is (not aligned to its host alignment).
   uint64_t staged_misaligned = 0;
+  // With the premapped region off: transfers staged through the engine's
+  // own pinned bounce pool instead of pinning the caller's pages (small
+  // ones, and misaligned ones of any size), and the pool: its size (0 when
+  // there is none) and whether it is locked in memory.
+  uint64_t staged_bounce = 0;
+  uint64_t bounce_pool_bytes = 0;
+  bool bounce_pool_locked = false;
   uint64_t pinned_bytes_now = 0;  // caller pages pinned right now
   // Device memory.
   uint64_t device_buffers_live = 0;

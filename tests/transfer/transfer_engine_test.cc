@@ -409,7 +409,10 @@ TEST(TransferEngineTest, PinnedRoundTripsAboveThresholdPreserveData) {
 }
 
 TEST(TransferEngineTest, PinnedRoundTripsWithRegionOffPreserveData) {
-  auto rig = MakeRig({.region_bytes = 0, .engine = PatientStaging()});
+  // No bounce pool: every size pins (bounce_pool_test.cc has the pool).
+  TransferEngine::Config config = PatientStaging();
+  config.bounce_pool_bytes = 0;
+  auto rig = MakeRig({.region_bytes = 0, .engine = config});
   ASSERT_NE(rig, nullptr);
   ASSERT_EQ(rig->region(), nullptr);
   CheckRoundTrips(*rig, {.path = TransferPath::kPinned,
