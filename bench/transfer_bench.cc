@@ -22,6 +22,11 @@
 //                                work of those transfers without the
 //                                runtime (mlock, fill, munlock)
 //
+//   BM_RoundTrip/<bytes>         synchronous host→device→host round trips
+//                                from pageable memory: region on, region
+//                                off through the bounce pool, region off
+//                                pinned (no pool), alternated in rounds
+//
 //   BM_SideBySide                at the largest size, R rounds (--rounds,
 //                                default 25) each timing memcpy and every
 //                                direction and path once, rotated; the
@@ -35,6 +40,7 @@
 //   8 threads / 1 thread aggregate (1 MiB)     >= 0.9
 //   link-modelled throughput / 25 Gbit/s       >= 0.95
 //   4 KiB p99 next to large pinned d2h / alone <= 2
+//   4 KiB round trip p99, region off / on      <= 2
 //
 // Flags (besides Google Benchmark's): --max-size=<bytes|256M> (default
 // 256M), --region=<bytes|1G> (default 1G), and to try engine settings,
@@ -45,15 +51,15 @@
 
 #include <sys/mman.h>
 
-#include <cerrno>
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <functional>
 #include <map>
-#include <new>
 #include <memory>
+#include <new>
 #include <optional>
 #include <string>
 #include <thread>
@@ -92,7 +98,8 @@ struct Rig {
   DeviceBuffer buffer;  // g_max_size bytes on device 0, written once
 
   Rig(uint64_t region_bytes, const std::string& url,
-      std::optional<uint64_t> threshold = std::nullopt) {
+      std::optional<uint64_t> threshold = std::nullopt,
+      const TransferEngine::Config& config = g_config) {
     OptionOverrides o;
     o.premapped_buffer_size = region_bytes;
     o.premapped_buffer_transfer_threshold_bytes = threshold;
@@ -107,7 +114,7 @@ struct Rig {
     devices = *std::move(d);
     std::vector<Device*> raw;
     for (auto& dev : devices) raw.push_back(dev.get());
-    auto e = TransferEngine::Create(raw, region.get(), &os, g_config);
+    auto e = TransferEngine::Create(raw, region.get(), &os, config);
     if (!e.ok()) Die(e.status(), "engine");
     engine = *std::move(e);
     auto b = engine->Allocate(0, g_max_size);
@@ -131,7 +138,22 @@ Rig& MainRig() {
                   std::to_string(std::max<uint64_t>(g_max_size, 64 << 20) * 2));
   return *rig;
 }
+// The region off and no bounce pool: every transfer pins (the pinned
+// path's figures, and what region-off transfers cost before the pool).
 Rig& RegionOffRig() {
+  static Rig* rig = [] {
+    TransferEngine::Config config = g_config;
+    config.bounce_pool_bytes = 0;
+    return new Rig(
+        0,
+        "sim://?hbm=" +
+            std::to_string(std::max<uint64_t>(g_max_size, 64 << 20) * 2),
+        std::nullopt, config);
+  }();
+  return *rig;
+}
+// The region off as users run it: small transfers through the bounce pool.
+Rig& BounceRig() {
   static Rig* rig = new Rig(
       0, "sim://?hbm=" +
              std::to_string(std::max<uint64_t>(g_max_size, 64 << 20) * 2));
@@ -159,9 +181,10 @@ struct CacheAligned {
   template <typename U>
   CacheAligned(const CacheAligned<U>&) {}
   T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+    return static_cast<T*>(
+        ::operator new (n * sizeof(T), std::align_val_t{64}));
   }
-  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  void deallocate(T* p, size_t) { ::operator delete (p, std::align_val_t{64}); }
   bool operator==(const CacheAligned&) const { return true; }
 };
 using HostBytes = std::vector<char, CacheAligned<char>>;
@@ -329,8 +352,12 @@ void BM_HeadOfLine(benchmark::State& state, HolSetup setup) {
   static Rig* rigs[2] = {nullptr, nullptr};
   Rig*& rig = rigs[region_on ? 1 : 0];
   if (rig == nullptr) {
+    // Region off: the 4 KiB transfers go through the bounce pool, the
+    // large ones stay pinned (the pool takes at most half of them).
+    TransferEngine::Config off = g_config;
+    off.bounce_max_bytes = std::min(off.bounce_max_bytes, big / 2);
     rig = region_on ? new Rig(g_region, url, std::min(g_region, big / 4))
-                    : new Rig(0, url);
+                    : new Rig(0, url, std::nullopt, off);
   }
   TransferEngine& engine = *rig->engine;
   auto small = engine.Allocate(1, 4096);
@@ -411,6 +438,63 @@ void BM_HeadOfLine(benchmark::State& state, HolSetup setup) {
       *std::max_element(ratio.begin(), ratio.end());
   auto freed = engine.Deallocate(*small);
   if (freed.ok()) (void)freed->Await();
+}
+
+// Synchronous round trips from pageable memory (host→device, await,
+// device→host, await), as a test harness or a small host moves data: the
+// region on (staged), the region off with the bounce pool, and the region
+// off with no pool (every transfer pinned: what the region off cost before
+// the pool). The three set-ups alternate in --hol-rounds rounds of
+// --run-seconds / 3 each; the counters are medians over rounds of each
+// round's p50/p99, and the p99 ratios to the region on, per round.
+void BM_RoundTrip(benchmark::State& state, uint64_t n) {
+  struct Setup {
+    const char* name;
+    Rig* rig;
+    std::vector<double> p50, p99;
+  };
+  Setup setups[] = {{"region_on", &MainRig(), {}, {}},
+                    {"bounce", &BounceRig(), {}, {}},
+                    {"pinned", &RegionOffRig(), {}, {}}};
+  HostBytes src = Warm(n, 4), dst = Warm(n, 5);
+  std::vector<double> ratio[2];
+  for (auto _ : state) {
+    for (int round = 0; round < g_hol_rounds; ++round) {
+      for (Setup& s : setups) {
+        TransferEngine& engine = *s.rig->engine;
+        std::vector<double> lat;
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::duration<double>(g_run_seconds / 3);
+        while (std::chrono::steady_clock::now() < until) {
+          const auto t0 = std::chrono::steady_clock::now();
+          auto up = engine.TransferToDevice(src.data(), s.rig->buffer, 0, n);
+          if (!up.ok() || !up->Await().ok()) Die(up.status(), "round trip");
+          auto down =
+              engine.TransferFromDevice(s.rig->buffer, 0, dst.data(), n);
+          if (!down.ok() || !down->Await().ok()) {
+            Die(down.status(), "round trip");
+          }
+          lat.push_back(std::chrono::duration<double, std::micro>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count());
+        }
+        s.p50.push_back(Percentile(lat, 0.5));
+        s.p99.push_back(Percentile(lat, 0.99));
+      }
+      ratio[0].push_back(setups[1].p99.back() / setups[0].p99.back());
+      ratio[1].push_back(setups[2].p99.back() / setups[0].p99.back());
+    }
+  }
+  for (Setup& s : setups) {
+    state.counters[absl::StrCat(s.name, "_p50_us")] = Percentile(s.p50, 0.5);
+    state.counters[absl::StrCat(s.name, "_p99_us")] = Percentile(s.p99, 0.5);
+  }
+  state.counters["bounce_p99_ratio"] = Percentile(ratio[0], 0.5);
+  state.counters["bounce_p99_ratio_min"] =
+      *std::min_element(ratio[0].begin(), ratio[0].end());
+  state.counters["bounce_p99_ratio_max"] =
+      *std::max_element(ratio[0].begin(), ratio[0].end());
+  state.counters["pinned_p99_ratio"] = Percentile(ratio[1], 0.5);
 }
 
 // The largest size, side by side: each round times a memcpy and one
@@ -537,6 +621,15 @@ void Register() {
         ->Iterations(1)
         ->UseRealTime();
   }
+  for (uint64_t n : {uint64_t{4} << 10, uint64_t{64} << 10, uint64_t{256} << 10,
+                     uint64_t{1} << 20}) {
+    if (n > g_max_size) break;
+    benchmark::RegisterBenchmark(
+        absl::StrCat("BM_RoundTrip/", n).c_str(),
+        [n](benchmark::State& st) { BM_RoundTrip(st, n); })
+        ->Iterations(1)
+        ->UseRealTime();
+  }
   benchmark::RegisterBenchmark(
       absl::StrCat("BM_Link25/", g_max_size).c_str(),
       [](benchmark::State& st) { BM_Link25(st, g_max_size); })
@@ -617,6 +710,23 @@ class SummaryReporter : public benchmark::ConsoleReporter {
                           counter(n + "p99_ratio_min"),
                           counter(n + "p99_ratio_max")),
           counter(n + "p99_ratio"), control ? "" : "<=2");
+    }
+    for (const char* size : {"4096", "65536", "262144", "1048576"}) {
+      const std::string n =
+          absl::StrCat("BM_RoundTrip/", size, "/iterations:1/real_time:");
+      if (counter(n + "region_on_p50_us") == 0) continue;
+      for (const char* setup : {"region_on", "bounce", "pinned"}) {
+        row(absl::StrCat(size, " B round trip p50/p99 us (", setup, ")"),
+            counter(absl::StrCat(n, setup, "_p50_us")), "");
+        row("", counter(absl::StrCat(n, setup, "_p99_us")), "");
+      }
+      row(absl::StrFormat("  region off / on p99, bounce (range %.2f-%.2f)",
+                          counter(n + "bounce_p99_ratio_min"),
+                          counter(n + "bounce_p99_ratio_max")),
+          counter(n + "bounce_p99_ratio"),
+          absl::string_view(size) == "4096" ? "<=2" : "");
+      row("  region off / on p99, no pool (pinned)",
+          counter(n + "pinned_p99_ratio"), "");
     }
     const double link = rate("BM_Link25/" + big + "/real_time");
     row("link_gbps=25 throughput / modelled link", link / (25e9 / 8), ">=0.95");

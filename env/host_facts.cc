@@ -352,26 +352,35 @@ std::optional<HostClash> CheckMemory(const Options& options,
 std::optional<HostClash> CheckMemlock(const Options& options,
                                       const HostFacts& facts) {
   const uint64_t size = options.premapped_buffer_size.value;
+  // With the region off, the transfer engine's bounce pool is what pins.
+  const uint64_t need = size > 0 ? size : kBouncePoolBytes;
   const MlockMode mode = options.mlock.value;
-  if (mode == MlockMode::kOff || facts.CanLock(size)) return std::nullopt;
+  if (mode == MlockMode::kOff || facts.CanLock(need)) return std::nullopt;
   const bool required = mode == MlockMode::kRequired;
   // `ulimit -l` takes KiB; an unprivileged shell may raise the soft limit
   // up to the hard one.
   const std::string shell_fix =
-      facts.memlock.hard >= size
+      facts.memlock.hard >= need
           ? absl::StrCat("`ulimit -l ",
-                         size / 1024 + (size % 1024 != 0 ? 1 : 0), "`")
+                         need / 1024 + (need % 1024 != 0 ? 1 : 0), "`")
           : absl::StrCat("`ulimit -l unlimited` (as root; the hard limit is ",
                          BytesWithHumanReadable(facts.memlock.hard), ")");
+  const std::string what =
+      size > 0 ? RegionSetting(size)
+               : absl::StrCat("the ", BytesWithHumanReadable(need),
+                              " bounce pool the transfer engine pins when "
+                              "the premapped region is off "
+                              "(TPU_PREMAPPED_BUFFER_SIZE=0)");
   return HostClash{
       required ? HostClash::Level::kError : HostClash::Level::kWarning,
       HostClash::Check::kMemlock,
       absl::StrCat(
           "The RLIMIT_MEMLOCK soft limit of ",
-          BytesWithHumanReadable(facts.memlock.soft), " is below ",
-          RegionSetting(size), " and the process lacks CAP_IPC_LOCK, so ",
-          required ? "start-up would fail because TPUSHIM_MLOCK=required"
-                   : "the region would stay unpinned (slower transfers)",
+          BytesWithHumanReadable(facts.memlock.soft), " is below ", what,
+          " and the process lacks CAP_IPC_LOCK, so ",
+          required   ? "start-up would fail because TPUSHIM_MLOCK=required"
+          : size > 0 ? "the region would stay unpinned (slower transfers)"
+                     : "the pool would stay unpinned (slower small transfers)",
           "; raise the limit with ", shell_fix,
           ", a `memlock` line in /etc/security/limits.conf, docker "
           "`--ulimit memlock=-1` or systemd `LimitMEMLOCK=infinity`, or set "

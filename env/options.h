@@ -76,6 +76,12 @@ std::vector<VmoduleEntry> ParseVmodule(absl::string_view text,
 
 inline constexpr uint64_t kDefaultPremappedBufferSize = uint64_t{4} << 30;
 inline constexpr uint64_t kPremappedSizeMultiple = 4096;
+// With the region off (TPU_PREMAPPED_BUFFER_SIZE=0) the transfer engine
+// pins a bounce pool of this size at start-up, counted against
+// RLIMIT_MEMLOCK, and stages host transfers of up to kBounceMaxBytes
+// through it instead of pinning the caller's pages per call.
+inline constexpr uint64_t kBouncePoolBytes = uint64_t{4} << 20;
+inline constexpr uint64_t kBounceMaxBytes = uint64_t{1} << 20;
 
 struct Options {
   // TPU_PREMAPPED_BUFFER_SIZE: bytes, 0 = no region, else a multiple of

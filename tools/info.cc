@@ -142,6 +142,63 @@ void PrintHost(const HostFacts& facts, std::ostream& out) {
   table.Print(out);
 }
 
+// The host memory start-up pins: the region, or with the region off the
+// transfer engine's bounce pool.
+struct PinnedPlan {
+  uint64_t region_bytes = 0;
+  uint64_t bounce_pool_bytes = 0;
+  uint64_t bounce_max_bytes = 0;
+  uint64_t memlock_needed_bytes() const {
+    return region_bytes + bounce_pool_bytes;
+  }
+};
+
+PinnedPlan PlanPinned(const Options& options) {
+  PinnedPlan plan;
+  plan.region_bytes = options.premapped_buffer_size.value;
+  if (plan.region_bytes == 0) {
+    plan.bounce_pool_bytes = kBouncePoolBytes;
+    plan.bounce_max_bytes = kBounceMaxBytes;
+  }
+  return plan;
+}
+
+void PrintPinned(const Options& options, std::ostream& out) {
+  const PinnedPlan plan = PlanPinned(options);
+  out << "\nPinned host memory\n";
+  TextTable table;
+  table.AddRow(
+      {"premapped region", plan.region_bytes > 0
+                               ? BytesWithHumanReadable(plan.region_bytes)
+                               : "off (TPU_PREMAPPED_BUFFER_SIZE=0)"});
+  table.AddRow(
+      {"bounce pool",
+       plan.bounce_pool_bytes > 0
+           ? absl::StrCat(BytesWithHumanReadable(plan.bounce_pool_bytes),
+                          ", pinned at start-up; transfers up to ",
+                          HumanReadableBytes(plan.bounce_max_bytes),
+                          " are staged through it")
+           : "none (the region stages transfers)"});
+  table.AddRow({"memlock needed",
+                options.mlock.value == MlockMode::kOff
+                    ? "none (TPUSHIM_MLOCK=off)"
+                    : BytesWithHumanReadable(plan.memlock_needed_bytes())});
+  table.AddRow({"fork() children",
+                "do not inherit it (MADV_DONTFORK): no copy-on-write"});
+  table.Print(out);
+}
+
+Json PinnedJson(const Options& options) {
+  const PinnedPlan plan = PlanPinned(options);
+  return {{"region_bytes", plan.region_bytes},
+          {"bounce_pool_bytes", plan.bounce_pool_bytes},
+          {"bounce_max_bytes", plan.bounce_max_bytes},
+          {"memlock_needed_bytes", options.mlock.value == MlockMode::kOff
+                                       ? 0
+                                       : plan.memlock_needed_bytes()},
+          {"inherited_by_fork", false}};
+}
+
 void PrintChecks(const std::vector<HostClash>& clashes, std::ostream& out) {
   out << "\nChecks\n";
   if (clashes.empty()) out << "  OK: the configuration fits this host\n";
@@ -299,11 +356,13 @@ void RunInfo(bool json, CommandContext& context) {
   if (json) {
     WriteJson({{"config", ConfigJson(*options)},
                {"warnings", options->warnings},
+               {"pinned", PinnedJson(*options)},
                {"host", HostJson(*facts)},
                {"checks", ChecksJson(clashes)}},
               out);
   } else {
     PrintConfiguration(*options, out);
+    PrintPinned(*options, out);
     PrintHost(*facts, out);
     PrintChecks(clashes, out);
   }
@@ -318,7 +377,8 @@ void RegisterInfoCommand(CLI::App& app, CommandContext& context) {
   // Owned by the callback, which CLI11 keeps as long as `app`.
   auto json = std::make_shared<bool>(false);
   info->add_flag("--json", *json,
-                 "Print one JSON object (config, warnings, host, checks) "
+                 "Print one JSON object (config, warnings, pinned, host, "
+                 "checks) "
                  "instead of tables");
   info->callback([json, &context] { RunInfo(*json, context); });
 }

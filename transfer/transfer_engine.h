@@ -142,8 +142,8 @@ class TransferEngine {
     // copying through the pool stops being cheaper than pinning: pinning
     // costs tens of microseconds a call whatever the size, a 1 MiB copy
     // about as much (docs/transfers.md has the measurements).
-    uint64_t bounce_pool_bytes = uint64_t{4} << 20;
-    uint64_t bounce_max_bytes = uint64_t{1} << 20;
+    uint64_t bounce_pool_bytes = kBouncePoolBytes;
+    uint64_t bounce_max_bytes = kBounceMaxBytes;
     MlockMode bounce_mlock = MlockMode::kOn;
     // TPUSHIM_TRACE_FILE; empty = no trace.
     std::string trace_file{};

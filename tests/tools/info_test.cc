@@ -141,6 +141,32 @@ TEST(InfoTest, RegionOffFitsAnyHost) {
   EXPECT_THAT(LinesStartingWith(r.out, "ERROR: "), IsEmpty());
 }
 
+// With the region off, the bounce pool is the pinned memory start-up
+// takes: its size, what goes through it and the memlock it needs.
+TEST(InfoTest, RegionOffShowsTheBouncePool) {
+  SubprocessResult r = RunTool({"info"}, {"TPU_PREMAPPED_BUFFER_SIZE=0"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Pinned host memory"));
+  EXPECT_THAT(LinesStartingWith(r.out, "bounce pool"),
+              ElementsAre(AllOf(HasSubstr("4194304 (4.00M)"),
+                                HasSubstr("transfers up to 1.00M"))));
+  EXPECT_THAT(LinesStartingWith(r.out, "memlock needed"),
+              ElementsAre(HasSubstr("4194304")));
+  SubprocessResult j =
+      RunTool({"info", "--json"}, {"TPU_PREMAPPED_BUFFER_SIZE=0"});
+  const Json pinned = ParseJson(j.out)["pinned"];
+  EXPECT_EQ(pinned["region_bytes"], 0);
+  EXPECT_EQ(pinned["bounce_pool_bytes"], 4194304);
+  EXPECT_EQ(pinned["bounce_max_bytes"], 1048576);
+  EXPECT_EQ(pinned["memlock_needed_bytes"], 4194304);
+  EXPECT_EQ(pinned["inherited_by_fork"], false);
+  // With the region on, there is no pool.
+  SubprocessResult on =
+      RunTool({"info", "--json"}, {"TPU_PREMAPPED_BUFFER_SIZE=8388608"});
+  EXPECT_EQ(ParseJson(on.out)["pinned"]["bounce_pool_bytes"], 0);
+  EXPECT_EQ(ParseJson(on.out)["pinned"]["memlock_needed_bytes"], 8388608);
+}
+
 TEST(InfoTest, JsonHasEveryFieldWithItsType) {
   SubprocessResult r = RunTool({"info", "--json"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
