@@ -22,8 +22,8 @@ namespace {
 // one thread while the others may have nothing left: with 64 MiB chunks
 // that tail put a 4 GiB start-up at 1.13 of the kernel's best populate
 // (fresh processes, 15 rounds), with 16 MiB at 1.07 and with 8 MiB at
-// 1.06; 16 MiB keeps a region premapped in the background to 256 IOMMU
-// mapping steps for 4 GiB.
+// 1.06; 16 MiB keeps a region premapped in the background to at most 256
+// IOMMU mapping steps for 4 GiB (fewer when chunks finish during a step).
 constexpr uint64_t kMaxChunk = uint64_t{16} << 20;
 constexpr uint64_t kSmallPage = 4096;
 

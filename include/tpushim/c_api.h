@@ -283,10 +283,10 @@ typedef TpuShim_Error* TpuShim_System_Create_Fn(
 /* Destroys a system: stops premapping its region if that goes on behind
  * the caller (a HostBuffer_Allocate waiting for it returns CANCELLED),
  * waits for calls on it running in other threads to return, frees its
- * host buffers (their memory is unmapped: `data`
- * pointers dangle), cancels operations that have not started (their
- * events become ready with CANCELLED), lets started ones finish, runs
- * every pending callback and releases every device buffer and the region.
+ * host buffers (their memory is unmapped: `data` pointers dangle),
+ * cancels operations that have not started (their events become ready
+ * with CANCELLED), lets started ones finish, runs every pending callback
+ * and releases every device buffer and the region.
  * Every host and device buffer handle of the system, and the system
  * handle, are stale afterwards (calls racing the destroy on them get
  * INVALID_ARGUMENT); its events stay valid and are ready. When it returns,
