@@ -109,12 +109,14 @@ class StartupReporter {
   // was not asked to go on: its last call, kDone with the bytes premapped
   // so far, then the callback is destroyed. A premapping thread's call
   // in progress finishes first; later ones find no callback.
+  // Premapping that ended before Create returns has made the kDone call.
   void CreateReturning() {
     MutexLock call(&call_mu_);
-    if (callback_ == nullptr) return;
-    StartupProgress p = Snapshot();
-    p.phase = StartupProgress::Phase::kDone;
-    callback_(p);
+    if (callback_ != nullptr && !told_done_) {
+      StartupProgress p = Snapshot();
+      p.phase = StartupProgress::Phase::kDone;
+      callback_(p);
+    }
     callback_ = nullptr;
   }
   StartupProgress Snapshot() const {
@@ -126,6 +128,7 @@ class StartupReporter {
   void Tell(const StartupProgress& p) {
     MutexLock call(&call_mu_);
     if (callback_) callback_(p);
+    if (p.phase == StartupProgress::Phase::kDone) told_done_ = true;
   }
   StartupProgress SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t end = end_ns_ != 0 ? end_ns_ : os_->MonotonicNanos();
@@ -143,6 +146,7 @@ class StartupReporter {
   // CreateReturning cannot drop it mid-call.
   Mutex call_mu_;
   StartupProgressCallback callback_ ABSL_GUARDED_BY(call_mu_);
+  bool told_done_ ABSL_GUARDED_BY(call_mu_) = false;  // kDone was the last
   mutable Mutex mu_;
   int64_t last_report_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t end_ns_ ABSL_GUARDED_BY(mu_) = 0;
