@@ -22,8 +22,8 @@ namespace {
 // one thread while the others may have nothing left: with 64 MiB chunks
 // that tail put a 4 GiB start-up at 1.13 of the kernel's best populate
 // (fresh processes, 15 rounds), with 16 MiB at 1.07 and with 8 MiB at
-// 1.06; 16 MiB keeps a region premapped in the background to 256 IOMMU
-// mapping steps for 4 GiB.
+// 1.06; 16 MiB keeps a region premapped in the background to at most 256
+// IOMMU mapping steps for 4 GiB (fewer when chunks finish during a step).
 constexpr uint64_t kMaxChunk = uint64_t{16} << 20;
 constexpr uint64_t kSmallPage = 4096;
 
@@ -38,8 +38,8 @@ Prefaulter::Prefaulter(Os& os, char* base, uint64_t length, uint64_t granule,
     : os_(os),
       base_(base),
       length_(length),
-      chunk_(std::max(granule,
-                      std::min(kMaxChunk, RoundUp(length / 8, granule)))),
+      chunk_(
+          std::max(granule, std::min(kMaxChunk, RoundUp(length / 8, granule)))),
       node_(node),
       on_ready_(std::move(on_ready)) {
   MutexLock lock(&mu_);
@@ -68,11 +68,33 @@ absl::Status Prefaulter::Run(int threads) {
     MutexLock lock(&mu_);
     spawned_ = static_cast<int>(workers.size());
   }
+  // This thread is the one ready point: it reports each new prefix, with
+  // no lock held, while the workers go on populating.
+  uint64_t told = 0;
+  absl::Time next_log = absl::Now() + absl::Seconds(1);
   for (;;) {
-    if (WaitForWorkers(absl::Seconds(1))) break;
-    const uint64_t done = done_bytes();
-    LOG(INFO) << "Premapping memory: " << done << " of " << length_
-              << " bytes (" << done * 100 / length_ << "%)";
+    uint64_t prefix;
+    bool finished;
+    {
+      MutexLock lock(&mu_);
+      while (finished_ != spawned_ && PrefixLocked() <= told) {
+        if (changed_cv_.WaitWithDeadline(&mu_, next_log)) break;
+      }
+      prefix = PrefixLocked();
+      finished = finished_ == spawned_;
+    }
+    if (prefix > told) {
+      told = prefix;
+      ready_bytes_.store(prefix, std::memory_order_release);
+      if (on_ready_) on_ready_(prefix);
+    }
+    if (finished) break;  // that prefix was the last one
+    if (absl::Now() >= next_log) {
+      const uint64_t done = done_bytes();
+      LOG(INFO) << "Premapping memory: " << done << " of " << length_
+                << " bytes (" << done * 100 / length_ << "%)";
+      next_log = absl::Now() + absl::Seconds(1);
+    }
   }
   for (std::thread& t : workers) t.join();
   MutexLock lock(&mu_);
@@ -111,37 +133,21 @@ void Prefaulter::Work() {
   }
   MutexLock lock(&mu_);
   ++finished_;
-  finished_cv_.SignalAll();
+  changed_cv_.SignalAll();
 }
 
 void Prefaulter::ChunkReady(uint64_t index) {
-  uint64_t ready;
-  {
-    MutexLock lock(&mu_);
-    chunk_done_[index] = true;
-    if (index != first_missing_) return;
-    while (first_missing_ < chunk_done_.size() &&
-           chunk_done_[first_missing_]) {
-      ++first_missing_;
-    }
-    ready = std::min(length_, first_missing_ * chunk_);
+  MutexLock lock(&mu_);
+  chunk_done_[index] = true;
+  if (index != first_missing_) return;
+  while (first_missing_ < chunk_done_.size() && chunk_done_[first_missing_]) {
+    ++first_missing_;
   }
-  // Prefixes only grow; report each in order, the largest last.
-  MutexLock lock(&ready_mu_);
-  if (ready <= ready_bytes_.load(std::memory_order_relaxed)) return;
-  ready_bytes_.store(ready, std::memory_order_release);
-  if (on_ready_) on_ready_(ready);
+  changed_cv_.SignalAll();
 }
 
-bool Prefaulter::WaitForWorkers(absl::Duration timeout) {
-  const absl::Time deadline = absl::Now() + timeout;
-  MutexLock lock(&mu_);
-  while (finished_ != spawned_) {
-    if (finished_cv_.WaitWithDeadline(&mu_, deadline)) {
-      return finished_ == spawned_;
-    }
-  }
-  return true;
+uint64_t Prefaulter::PrefixLocked() const {
+  return std::min(length_, first_missing_ * chunk_);
 }
 
 absl::Status Prefaulter::Populate(char* p, uint64_t len) {

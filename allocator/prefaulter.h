@@ -6,8 +6,12 @@
 //
 // It keeps the ready prefix: the bytes from the start of the range that
 // are all populated. `on_ready` (optional) is called with each new prefix,
-// in increasing order and never concurrently, so that a caller can use
-// the low end of the range while the rest is still being populated.
+// in increasing order, so that a caller can use the low end of the range
+// while the rest is still being populated. Every call comes from the
+// thread that called Run (the workers only populate and record), with no
+// prefaulter lock held: a slow `on_ready` (an IOMMU mapping) delays the
+// next report, never the workers, which go on populating meanwhile;
+// several chunks finished in the meantime come as one larger prefix.
 //
 // Thread-safety: Run is called once; Cancel and the accessors may be
 // called from any thread at any time.
@@ -47,6 +51,8 @@ class Prefaulter {
 
   // Populates the whole range with `threads` threads and returns when
   // they are done: OK, the first error, or CANCELLED after Cancel().
+  // Meanwhile the calling thread reports each new ready prefix to
+  // `on_ready` and logs progress.
   absl::Status Run(int threads);
 
   // Makes Run stop handing out chunks and return CANCELLED once the chunks
@@ -63,12 +69,13 @@ class Prefaulter {
 
  private:
   void Work();
-  // True when every started worker has finished within `timeout`.
-  bool WaitForWorkers(absl::Duration timeout);
   absl::Status Populate(char* p, uint64_t len);
   void Fail(const absl::Status& status);
-  // Marks chunk `index` populated and advances the ready prefix.
+  // Marks chunk `index` populated and advances the ready prefix (waking
+  // Run when it grew).
   void ChunkReady(uint64_t index);
+  // The populated prefix, in bytes.
+  uint64_t PrefixLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Constant after construction.
   Os& os_;
@@ -87,14 +94,13 @@ class Prefaulter {
   Mutex mu_;
   int spawned_ ABSL_GUARDED_BY(mu_) = -1;  // -1 until all are started
   int finished_ ABSL_GUARDED_BY(mu_) = 0;
-  CondVar finished_cv_;
+  // Signalled when a worker finishes or the prefix grows.
+  CondVar changed_cv_;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   bool warned_bind_ ABSL_GUARDED_BY(mu_) = false;
   // Which chunks are populated, and the first one that is not.
   std::vector<bool> chunk_done_ ABSL_GUARDED_BY(mu_);
   uint64_t first_missing_ ABSL_GUARDED_BY(mu_) = 0;
-  // Serializes on_ready_ calls, in prefix order.
-  Mutex ready_mu_;
 };
 
 }  // namespace tpushim

@@ -155,7 +155,9 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
 struct PremappedRegion::Background {
   Mutex mu;
   BackgroundHooks hooks;
-  std::thread thread;
+  // Serializes StopPremapping's join of `thread`.
+  Mutex join_mu;
+  std::thread thread ABSL_GUARDED_BY(join_mu);
   // The running prefaulter, for StopPremapping; null before and after.
   Prefaulter* prefaulter ABSL_GUARDED_BY(mu) = nullptr;
   bool started ABSL_GUARDED_BY(mu) = false;
@@ -270,6 +272,7 @@ void PremappedRegion::StartPremapping(BackgroundHooks hooks) {
   Background& b = *background_;
   std::string cannot_start;
   {
+    MutexLock join_lock(&b.join_mu);
     MutexLock lock(&b.mu);
     b.started = true;
     b.hooks = std::move(hooks);
@@ -334,14 +337,17 @@ void PremappedRegion::FinishBackground(const absl::Status& status) {
 void PremappedRegion::StopPremapping() {
   if (background_ == nullptr) return;
   Background& b = *background_;
+  // Waiting allocations first: they return now, not after the chunks in
+  // progress.
+  allocator_->StopGrowing(
+      absl::CancelledError("premapping was stopped before it finished"));
   {
     MutexLock lock(&b.mu);
     b.stop = true;
     if (b.prefaulter != nullptr) b.prefaulter->Cancel();
   }
+  MutexLock join_lock(&b.join_mu);
   if (b.thread.joinable()) b.thread.join();
-  allocator_->StopGrowing(
-      absl::CancelledError("premapping was stopped before it finished"));
 }
 
 absl::Status PremappedRegion::WaitUntilPremapped() {

@@ -30,8 +30,10 @@
 // (and the DMA registration, chunk by chunk) on a thread of its own, from
 // the low end, growing what the allocator serves as each prefix is
 // populated, locked and reachable by DMA. The lines from "Premapping
-// memory:" on come from that thread. A failure there is logged at ERROR
-// and leaves the region usable up to where it got.
+// memory:" on come from that thread, and so does every hook (the DMA
+// extension of each step, progress), run outside the pre-faulter's lock
+// while its workers populate the next chunks. A failure there is logged
+// at ERROR and leaves the region usable up to where it got.
 //
 // Destruction stops the background work, then unpins and unmaps
 // everything. REQUIRES: no allocation from the region is used after the
@@ -108,8 +110,11 @@ class PremappedRegion {
       std::function<absl::Status(void* base, uint64_t size)>;
   // Told how many bytes of the region are populated (`done` of `total`)
   // while it is pre-faulted: each time the populated prefix grows, in
-  // increasing order, never concurrently, from a pre-fault thread. It must
-  // not call into the region.
+  // increasing order, never concurrently, always from the one thread that
+  // drives pre-faulting (Create's caller in the foreground, the premapping
+  // thread in the background) and with no lock of the region held, so
+  // that the pre-fault workers go on while it runs. It must not call into
+  // the region.
   using PrefaultProgress = std::function<void(uint64_t done, uint64_t total)>;
 
   // Maps, pre-faults and pins the region described by `options`, registers
@@ -127,8 +132,10 @@ class PremappedRegion {
       const PrefaultProgress& on_progress = nullptr);
 
   // What the background work tells its owner. Every hook is called from
-  // the premapping thread, never concurrently; none may call into the
-  // region.
+  // the premapping thread (one thread, the same for every call; never a
+  // pre-fault worker), never concurrently and with no lock of the region
+  // or its pre-faulter held: the workers go on populating the next chunks
+  // while a hook runs. None may call into the region.
   struct BackgroundHooks {
     // Makes the first `ready` bytes reachable by the devices' DMA, before
     // the allocator serves them (increasing, the whole size last). An
@@ -143,8 +150,10 @@ class PremappedRegion {
   // background() and not called before.
   void StartPremapping(BackgroundHooks hooks);
   // Stops the background work where it is and waits for its thread (its
-  // on_done has returned when this does). Idempotent; nothing in the
-  // foreground.
+  // on_done has returned when this does). The allocator stops growing
+  // first, so that an Allocate waiting for premapping returns (CANCELLED)
+  // before this waits for the chunks in progress. Idempotent and
+  // thread-safe; nothing in the foreground.
   void StopPremapping();
   // Blocks until background premapping has ended and returns how it did
   // (OK at once in the foreground).

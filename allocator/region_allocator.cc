@@ -241,12 +241,12 @@ void* RegionAllocator::TakeBlockLocked(uint64_t size, size_t alignment) {
   return reinterpret_cast<void*>(base_ + blocks_[b].offset);
 }
 
-absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
-                                                size_t alignment) {
+absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size, size_t alignment,
+                                                IfNotReady if_not_ready) {
   if (size == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "Attempting to allocate 0 bytes from ", What(),
-        "; sizes must be at least 1"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("Attempting to allocate 0 bytes from ", What(),
+                     "; sizes must be at least 1"));
   }
   if (alignment == 0 || (alignment & (alignment - 1)) != 0 ||
       alignment > kMaxAlignment) {
@@ -286,8 +286,8 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
   }
 
   if (faults_ != nullptr) {
-    absl::Status injected = faults_->Check(
-        FaultPoint::kAlloc, [&] { return OutOfMemory(size); });
+    absl::Status injected =
+        faults_->Check(FaultPoint::kAlloc, [&] { return OutOfMemory(size); });
     if (!injected.ok()) {
       {
         MutexLock lock(&mu_);
@@ -301,14 +301,21 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
   void* result = nullptr;
   int64_t waited_ns = -1;  // -1: no wait
   uint64_t ready = 0;
+  bool not_ready = false;  // kFail, and growth would serve it
+  absl::Status stopped;    // why growth ended while this waited
   {
     MutexLock lock(&mu_);
     // A growing range: wait for more of it while none of the ready part
-    // serves the request.
+    // serves the request, and only if growing can.
     int64_t wait_start_ns = 0;
     for (;;) {
       result = TakeBlockLocked(size, alignment);
       if (result != nullptr || !growing_) break;
+      if (!FitsOnceGrownLocked(size, alignment)) break;
+      if (if_not_ready == IfNotReady::kFail) {
+        not_ready = true;
+        break;
+      }
       if (wait_start_ns == 0) wait_start_ns = absl::GetCurrentTimeNanos();
       ready_cv_.Wait(&mu_);
     }
@@ -316,6 +323,7 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
       waited_ns = absl::GetCurrentTimeNanos() - wait_start_ns;
       ++ready_waits_;
       ready_wait_ns_ += waited_ns;
+      if (result == nullptr && !growing_) stopped = growth_stopped_;
     }
     ready = ready_;
     if (result == nullptr) ++failures_;
@@ -327,6 +335,21 @@ absl::StatusOr<void*> RegionAllocator::Allocate(uint64_t size,
             << " bytes ready)";
   }
   if (result != nullptr) return result;
+  if (not_ready) {
+    return absl::UnavailableError(absl::StrCat(
+        "Attempting to allocate ", HumanReadableBytes(size), " from ", What(),
+        ": not premapped yet (", ready, " of ", capacity_,
+        " bytes ready, TPUSHIM_PREMAP=background) and the call asked not to "
+        "wait; it fits once more of the region is premapped"));
+  }
+  if (stopped.code() == absl::StatusCode::kCancelled) {
+    // The owner is going away: not an out-of-memory worth a report.
+    return absl::CancelledError(absl::StrCat(
+        "Attempting to allocate ", HumanReadableBytes(size), " from ", What(),
+        ": premapping the region was stopped while the allocation waited for "
+        "it (",
+        stopped.message(), ")"));
+  }
   absl::Status status = OutOfMemory(size);
   LogFailure(status);
   return status;
@@ -336,8 +359,7 @@ void* RegionAllocator::TryAllocate(uint64_t size, size_t alignment) {
   alignment = std::max<size_t>(alignment, kUnit);
   if (size == 0 || size > threshold_) return nullptr;
   if (faults_ != nullptr &&
-      !faults_->Check(FaultPoint::kAlloc,
-                      [&] { return OutOfMemory(size); })
+      !faults_->Check(FaultPoint::kAlloc, [&] { return OutOfMemory(size); })
            .ok()) {
     return nullptr;
   }
@@ -348,8 +370,8 @@ void* RegionAllocator::TryAllocate(uint64_t size, size_t alignment) {
 absl::Status RegionAllocator::Free(void* ptr) {
   if (ptr == nullptr || !Contains(ptr, 1)) {
     return absl::InvalidArgumentError(absl::StrFormat(
-        "Free(%p): the pointer is not inside %s [%p, %p)", ptr, What(),
-        base(), reinterpret_cast<void*>(base_ + capacity_)));
+        "Free(%p): the pointer is not inside %s [%p, %p)", ptr, What(), base(),
+        reinterpret_cast<void*>(base_ + capacity_)));
   }
   const uint64_t offset = reinterpret_cast<uintptr_t>(ptr) - base_;
   bool freed = false;
@@ -453,6 +475,16 @@ uint64_t RegionAllocator::LargestFreeLocked() const {
   return largest;
 }
 
+bool RegionAllocator::FitsOnceGrownLocked(uint64_t size,
+                                          size_t alignment) const {
+  if (unready_block_ == kNil) return false;
+  uint64_t start = ready_;
+  const uint32_t before = blocks_[unready_block_].prev_phys;
+  if (before != kNil && blocks_[before].free) start = blocks_[before].offset;
+  const uint64_t aligned = RoundUp(base_ + start, alignment) - base_;
+  return aligned <= capacity_ && RoundUp(size, kUnit) <= capacity_ - aligned;
+}
+
 RegionAllocator::Snapshot RegionAllocator::TakeSnapshot() const {
   return Snapshot{.free_bytes = ready_ - bytes_in_use_,
                   .largest_free = LargestFreeLocked(),
@@ -490,7 +522,15 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size) {
         s.stopped.ok() ? std::string("stopped") : s.stopped.ToString(),
         "); the rest of it is not used. ");
   }
-  if (needed <= s.free_bytes) {
+  // While the range grows, its part not ready yet is free space too.
+  const uint64_t free_once_whole =
+      s.free_bytes + (s.growing ? capacity_ - s.ready : 0);
+  if (s.growing) {
+    absl::StrAppend(&hint, "The region is still being premapped (", s.ready,
+                    " of ", capacity_,
+                    " bytes ready; the sizes below count the rest as free). ");
+  }
+  if (needed <= free_once_whole) {
     absl::StrAppend(
         &hint,
         "The free space is fragmented: no single free block is large "
@@ -502,7 +542,7 @@ absl::Status RegionAllocator::OutOfMemory(uint64_t size) {
         &hint,
         "With the buffers now live, TPU_PREMAPPED_BUFFER_SIZE would have to "
         "be at least ",
-        RoundUp(capacity_ + (needed - s.free_bytes), 4096), " (it is ",
+        RoundUp(capacity_ + (needed - free_once_whole), 4096), " (it is ",
         capacity_, "); or free pinned host buffers that are no longer used.");
   }
   return absl::ResourceExhaustedError(absl::StrCat(

@@ -30,8 +30,12 @@
 // served from its low end as it becomes ready: the allocator is made with
 // `grows`, serves nothing until Grow() says how many bytes from the start
 // are ready, and an Allocate that finds no block in the ready part waits
-// for more (counted in Stats) until the region is whole or StopGrowing()
-// says it never will be. TryAllocate never waits.
+// for more (counted in Stats) until it fits, the region is whole or
+// StopGrowing() says it never will be (then: CANCELLED when the growth was
+// cancelled, else the RESOURCE_EXHAUSTED text). It does not wait when
+// even the whole region could not hold it with the buffers now live
+// (RESOURCE_EXHAUSTED at once), nor with IfNotReady::kFail (UNAVAILABLE at
+// once). TryAllocate never waits.
 //
 // Thread-safety: all methods are thread-safe. One Mutex guards the
 // free lists; the critical sections are a few bitmap operations and one
@@ -126,9 +130,17 @@ class RegionAllocator {
   RegionAllocator& operator=(const RegionAllocator&) = delete;
   ~RegionAllocator();
 
+  // What Allocate does when a growing range cannot serve a request yet
+  // but could once more of it is ready.
+  enum class IfNotReady {
+    kWait,  // wait for Grow() or StopGrowing()
+    kFail,  // UNAVAILABLE at once, naming how much is ready; not logged
+  };
+
   // Returns `size` bytes aligned to `alignment` (at least 64). The memory
   // stays valid until Free; its contents are whatever was there before.
-  absl::StatusOr<void*> Allocate(uint64_t size, size_t alignment = kAlignment);
+  absl::StatusOr<void*> Allocate(uint64_t size, size_t alignment = kAlignment,
+                                 IfNotReady if_not_ready = IfNotReady::kWait);
 
   // Like Allocate, for transient buffers whose caller has a fallback (the
   // transfer engine's staging): returns null instead of an error when the
@@ -146,8 +158,10 @@ class RegionAllocator {
   // capacity ends the growth.
   void Grow(uint64_t ready);
   // A growing allocator: no more Grow() is coming (`why` says why, e.g.
-  // the premapping failed); waiting Allocate calls return with what the
-  // ready part can give, and the error names `why`.
+  // the premapping failed); waiting Allocate calls return at once with
+  // what the ready part can give: CANCELLED naming `why` when `why` is
+  // CANCELLED (the owner is going away), else RESOURCE_EXHAUSTED whose
+  // text names `why`.
   void StopGrowing(const absl::Status& why);
   // Bytes from the start that can be served. Lock-free.
   uint64_t ready_bytes() const {
@@ -233,6 +247,11 @@ class RegionAllocator {
   uint32_t SplitAt(uint32_t b, uint64_t size)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   uint64_t LargestFreeLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A growing range: whether the free space at its growing end, once the
+  // range is whole, holds `size` bytes at `alignment` (the only block that
+  // growth enlarges; the others already failed to serve it).
+  bool FitsOnceGrownLocked(uint64_t size, size_t alignment) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   Snapshot TakeSnapshot() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status OutOfMemory(uint64_t size);
   // Walks every block and free list; INTERNAL naming the first defect.

@@ -17,7 +17,9 @@
 //
 // A system entry counts the calls running on it. System_Destroy takes the
 // system out of its table, marks it closing (new calls on it fail as
-// stale), waits for the running calls to return, frees its host buffers,
+// stale), stops premapping behind the caller (so that a HostBuffer_Allocate
+// waiting for it returns), waits for the running calls to return, frees its
+// host buffers,
 // drops its device buffers and destroys the System (which cancels what
 // has not started and runs the pending callbacks — those that call back
 // into the system find it closing instead of deadlocking).
@@ -119,11 +121,20 @@ TpuShim_Error* SystemCreate(TpuShim_System_Create_Args* args) {
         fn(&c, user_data);
       };
     }
+    // 1.4: calls after System_Create returns only when asked for; an older
+    // caller's struct ends before the field and keeps 1.1's promise (calls
+    // during System_Create only).
+    const StartupProgressUntil until =
+        args->struct_size >= TPUSHIM_STRUCT_SIZE(TpuShim_System_Create_Args,
+                                                 progress_after_create) &&
+                args->progress_after_create != 0
+            ? StartupProgressUntil::kPremapped
+            : StartupProgressUntil::kCreateReturns;
     Os* os = test_os.load(std::memory_order_acquire);
     TPUSHIM_ASSIGN_OR_RETURN(
         std::unique_ptr<System> system,
         SystemFactory::Create(overrides, os != nullptr ? os : Os::Default(),
-                              nullptr, std::move(progress)));
+                              nullptr, std::move(progress), until));
     auto entry = std::make_shared<SystemEntry>(std::move(system));
     TPUSHIM_ASSIGN_OR_RETURN(args->system.id,
                              tables().systems.Insert(std::move(entry)));
@@ -150,6 +161,12 @@ TpuShim_Error* SystemDestroy(TpuShim_System_Destroy_Args* args) {
     {
       MutexLock lock(&entry->mu);
       entry->closing = true;
+    }
+    // Premapping behind the caller stops first: a HostBuffer_Allocate
+    // waiting for it returns (CANCELLED) instead of holding this up.
+    SystemFactory::StopPremapping(*entry->system);
+    {
+      MutexLock lock(&entry->mu);
       while (entry->active > 0) entry->idle.Wait(&entry->mu);
     }
     // Host buffers first: their memory is part of the region.
@@ -273,11 +290,25 @@ TpuShim_Error* HostBufferAllocate(TpuShim_HostBuffer_Allocate_Args* args) {
   return Guard([&]() -> absl::Status {
     TPUSHIM_CHECK_ARGS(args, "HostBuffer_Allocate",
                        TPUSHIM_HOSTBUFFER_ALLOCATE_ARGS_STRUCT_SIZE);
+    // 1.4: flags, when the caller's struct has them.
+    uint32_t flags = 0;
+    if (args->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_HostBuffer_Allocate_Args, flags)) {
+      flags = args->flags;
+    }
+    if ((flags & ~uint32_t{TPUSHIM_HOSTBUFFER_NO_WAIT}) != 0) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "HostBuffer_Allocate: args->flags is 0x%x; the known flags are "
+          "TPUSHIM_HOSTBUFFER_NO_WAIT (0x%x)",
+          flags, TPUSHIM_HOSTBUFFER_NO_WAIT));
+    }
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
     TPUSHIM_ASSIGN_OR_RETURN(
         PinnedHostBuffer buffer,
         call.system().AllocatePinnedHost(
-            args->size, args->alignment == 0 ? 64 : args->alignment));
+            args->size, args->alignment == 0 ? 64 : args->alignment,
+            (flags & TPUSHIM_HOSTBUFFER_NO_WAIT) != 0 ? PremapWait::kNoWait
+                                                      : PremapWait::kWait));
     void* const data = buffer.data();
     auto entry = std::make_shared<HostBufferEntry>();
     entry->system_id = call.id();

@@ -74,7 +74,10 @@ void PinnedHostBuffer::Reset() {
 // Start-up progress: told by Create and, for a region premapped in the
 // background, by the premapping thread after Create returned; read by
 // System::premap_progress. Reports reach the callback at most every 50 ms
-// while premapping, always with the last byte, and once with kDone.
+// while premapping, always with the last byte, and once with kDone: when
+// start-up or premapping ends, or, for a callback that does not go on
+// after Create (kCreateReturns), when Create returns, after which the
+// callback is gone.
 class StartupReporter {
  public:
   StartupReporter(Os* os, int64_t start_ns, StartupProgressCallback callback)
@@ -88,18 +91,18 @@ class StartupReporter {
       MutexLock lock(&mu_);
       done_ = done;
       total_ = total;
-      tell = callback_ != nullptr && (done >= total || last_report_ns_ == 0 ||
-                                      now - last_report_ns_ >= 50'000'000);
+      tell = done >= total || last_report_ns_ == 0 ||
+             now - last_report_ns_ >= 50'000'000;
       if (tell) last_report_ns_ = now;
     }
     if (tell) {
-      callback_(StartupProgress{.phase = StartupProgress::Phase::kPremapping,
-                                .done_bytes = done,
-                                .total_bytes = total,
-                                .elapsed = absl::Nanoseconds(now - start_ns_)});
+      Tell(StartupProgress{.phase = StartupProgress::Phase::kPremapping,
+                           .done_bytes = done,
+                           .total_bytes = total,
+                           .elapsed = absl::Nanoseconds(now - start_ns_)});
     }
   }
-  // Once.
+  // Once: start-up (or premapping behind it) has ended.
   void Done() {
     StartupProgress p;
     {
@@ -108,7 +111,21 @@ class StartupReporter {
       end_ns_ = os_->MonotonicNanos();
       p = SnapshotLocked();
     }
-    if (callback_) callback_(p);
+    Tell(p);
+  }
+  // Create returns while premapping goes on behind it, and the callback
+  // was not asked to go on: its last call, kDone with the bytes premapped
+  // so far, then the callback is destroyed. A premapping thread's call
+  // in progress finishes first; later ones find no callback.
+  // Premapping that ended before Create returns has made the kDone call.
+  void CreateReturning() {
+    MutexLock call(&call_mu_);
+    if (callback_ != nullptr && !told_done_) {
+      StartupProgress p = Snapshot();
+      p.phase = StartupProgress::Phase::kDone;
+      callback_(p);
+    }
+    callback_ = nullptr;
   }
   StartupProgress Snapshot() const {
     MutexLock lock(&mu_);
@@ -116,6 +133,11 @@ class StartupReporter {
   }
 
  private:
+  void Tell(const StartupProgress& p) {
+    MutexLock call(&call_mu_);
+    if (callback_) callback_(p);
+    if (p.phase == StartupProgress::Phase::kDone) told_done_ = true;
+  }
   StartupProgress SnapshotLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     const int64_t end = end_ns_ != 0 ? end_ns_ : os_->MonotonicNanos();
     return StartupProgress{.phase = end_ns_ != 0
@@ -128,7 +150,11 @@ class StartupReporter {
 
   Os* const os_;
   const int64_t start_ns_;
-  const StartupProgressCallback callback_;
+  // Held while the callback runs (it never calls into tpushim), so that
+  // CreateReturning cannot drop it mid-call.
+  Mutex call_mu_;
+  StartupProgressCallback callback_ ABSL_GUARDED_BY(call_mu_);
+  bool told_done_ ABSL_GUARDED_BY(call_mu_) = false;  // kDone was the last
   mutable Mutex mu_;
   int64_t last_report_ns_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t end_ns_ ABSL_GUARDED_BY(mu_) = 0;
@@ -203,16 +229,21 @@ Os* LogFaultOs(Os* base, const FaultSpec& spec) {
 
 absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     const OptionOverrides& overrides, Os* base_os, FaultInjector* faults,
-    StartupProgressCallback progress) {
+    StartupProgressCallback progress, StartupProgressUntil until) {
   const int64_t start_ns = base_os->MonotonicNanos();
   auto impl = std::make_unique<System::Impl>();
   impl->startup =
       std::make_unique<StartupReporter>(base_os, start_ns, std::move(progress));
   StartupReporter* const startup = impl->startup.get();
-  // kDone however Create returns, unless premapping goes on behind it.
+  // kDone however Create returns. With premapping behind it, the
+  // premapping thread ends it, unless the callback stops with Create.
   bool premapping_behind = false;
   absl::Cleanup done = [&] {
-    if (!premapping_behind) startup->Done();
+    if (!premapping_behind) {
+      startup->Done();
+    } else if (until == StartupProgressUntil::kCreateReturns) {
+      startup->CreateReturning();
+    }
   };
   TPUSHIM_ASSIGN_OR_RETURN(impl->options, ResolveOptions(*base_os, overrides));
   const Options& options = impl->options;
@@ -394,6 +425,19 @@ absl::StatusOr<std::unique_ptr<System>> System::Create(
                                std::move(progress));
 }
 
+absl::StatusOr<std::unique_ptr<System>> System::Create(
+    const OptionOverrides& overrides, StartupProgressCallback progress,
+    StartupProgressUntil until) {
+  return SystemFactory::Create(overrides, Os::Default(), nullptr,
+                               std::move(progress), until);
+}
+
+void SystemFactory::StopPremapping(System& system) {
+  // A fork() child's copy has no premapping thread to stop.
+  if (ForkedChildOf(system.impl_->pid)) return;
+  if (system.impl_->region != nullptr) system.impl_->region->StopPremapping();
+}
+
 System::System(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 System::~System() {
@@ -445,14 +489,26 @@ std::string System::log_directory() const {
 
 absl::StatusOr<PinnedHostBuffer> System::AllocatePinnedHost(uint64_t size,
                                                             size_t alignment) {
-  if (ForkedChildOf(impl_->pid)) return ForkedChildError("This System", impl_->pid);
+  return AllocatePinnedHost(size, alignment, PremapWait::kWait);
+}
+
+absl::StatusOr<PinnedHostBuffer> System::AllocatePinnedHost(uint64_t size,
+                                                            size_t alignment,
+                                                            PremapWait wait) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
   if (impl_->region == nullptr) {
     return absl::FailedPreconditionError(
         "Cannot allocate a pinned host buffer: the premapped region is off "
         "(TPU_PREMAPPED_BUFFER_SIZE=0)");
   }
   TPUSHIM_ASSIGN_OR_RETURN(
-      void* p, impl_->region->allocator().Allocate(size, alignment));
+      void* p,
+      impl_->region->allocator().Allocate(
+          size, alignment,
+          wait == PremapWait::kNoWait ? RegionAllocator::IfNotReady::kFail
+                                      : RegionAllocator::IfNotReady::kWait));
   return PinnedHostBuffer(impl_->owner, p, size);
 }
 

@@ -29,7 +29,15 @@ struct SystemFactory {
   // sweeps use this to count and fail every injectable call of a system.
   static absl::StatusOr<std::unique_ptr<System>> Create(
       const OptionOverrides& overrides, Os* os, FaultInjector* faults = nullptr,
-      StartupProgressCallback progress = nullptr);
+      StartupProgressCallback progress = nullptr,
+      StartupProgressUntil until = StartupProgressUntil::kCreateReturns);
+
+  // Stops premapping the region behind the caller (if it goes on): the
+  // region stops growing, so that pinned host allocations waiting for it
+  // return (CANCELLED) at once, then the premapping thread is joined. For
+  // System_Destroy, before it waits for the calls running on the system.
+  // Thread-safe; idempotent.
+  static void StopPremapping(System& system);
 };
 
 }  // namespace tpushim

@@ -164,8 +164,10 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   config.batch_bytes = config.shard_bytes * config.devices;
 
   auto display = std::make_shared<StartupProgressDisplay>(*context.err, "demo");
+  // With TPUSHIM_PREMAP=background the display goes on behind the run.
   absl::StatusOr<std::unique_ptr<System>> system = System::Create(
-      overrides, [display](const StartupProgress& p) { (*display)(p); });
+      overrides, [display](const StartupProgress& p) { (*display)(p); },
+      StartupProgressUntil::kPremapped);
   if (!system.ok()) {
     const bool invalid = absl::IsInvalidArgument(system.status());
     ReportError(system.status(),

@@ -99,7 +99,7 @@ extern "C" {
 #endif
 
 #define TPUSHIM_API_MAJOR 1
-#define TPUSHIM_API_MINOR 3
+#define TPUSHIM_API_MINOR 4
 
 /* The size of `type` up to and including `last_field`: a struct's size at
  * the version whose last field that was. */
@@ -242,12 +242,22 @@ typedef struct TpuShim_StartupProgress {
 
 /* Called from a library thread during System_Create, never concurrently,
  * at most about 20 times a second and once with every byte done, then
- * once with phase 1. With TPUSHIM_PREMAP=background the calls go on after
- * System_Create returned, from the premapping thread, until phase 1 (or
- * until System_Destroy, which stops premapping and makes the phase 1
- * call): `progress_user_data` must stay valid until then. `progress` is
- * valid only during the call. It must return quickly and not call into
- * the library. */
+ * once with phase 1, the last call, before System_Create returns. With
+ * TPUSHIM_PREMAP=background System_Create returns while the region is
+ * still being premapped: that last phase 1 call then has done_bytes <
+ * total_bytes (the bytes premapped so far), and the callback is never
+ * called again: `progress_user_data` may point into the caller's stack
+ * frame.
+ *
+ * 1.4: with `progress_after_create` set, the calls go on after
+ * System_Create returned instead, from the premapping thread, up to phase
+ * 1 when premapping ends (the whole region, done_bytes == total_bytes), or
+ * fails, or is stopped by System_Destroy (which makes that call before it
+ * returns); done_bytes < total_bytes in it says the region is not all
+ * premapped. `progress_user_data` must then stay valid until that call.
+ *
+ * `progress` is valid only during the call. It must return quickly and
+ * not call into the library. */
 typedef void TpuShim_StartupProgress_Fn(const TpuShim_StartupProgress* progress,
                                         void* user_data);
 
@@ -259,17 +269,24 @@ typedef struct TpuShim_System_Create_Args {
   /* 1.1: in, may be NULL: start-up progress, with `progress_user_data`. */
   TpuShim_StartupProgress_Fn* progress;
   void* progress_user_data;
+  /* 1.4: in, 0 (the default, and what a caller whose struct ends before it
+   * gets): `progress` is called during System_Create only. Not 0: with
+   * TPUSHIM_PREMAP=background it goes on after System_Create returns,
+   * until premapping ends (see TpuShim_StartupProgress_Fn). */
+  int32_t progress_after_create;
 } TpuShim_System_Create_Args;
 #define TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_System_Create_Args, system)
 typedef TpuShim_Error* TpuShim_System_Create_Fn(
     TpuShim_System_Create_Args* args);
 
-/* Destroys a system: waits for calls on it running in other threads to
- * return, frees its host buffers (their memory is unmapped: `data`
- * pointers dangle), cancels operations that have not started (their
- * events become ready with CANCELLED), lets started ones finish, runs
- * every pending callback and releases every device buffer and the region.
+/* Destroys a system: stops premapping its region if that goes on behind
+ * the caller (a HostBuffer_Allocate waiting for it returns CANCELLED),
+ * waits for calls on it running in other threads to return, frees its
+ * host buffers (their memory is unmapped: `data` pointers dangle),
+ * cancels operations that have not started (their events become ready
+ * with CANCELLED), lets started ones finish, runs every pending callback
+ * and releases every device buffer and the region.
  * Every host and device buffer handle of the system, and the system
  * handle, are stale afterwards (calls racing the destroy on them get
  * INVALID_ARGUMENT); its events stay valid and are ready. When it returns,
@@ -396,12 +413,24 @@ typedef TpuShim_Error* TpuShim_System_GetStats_Fn(
 /* Allocates `size` bytes of the system's premapped region. Transfers from
  * or to this memory take the zero-copy path.
  *
- * Errors: INVALID_ARGUMENT for size 0 or an alignment that is not a power
- * of two <= 4096; RESOURCE_EXHAUSTED with libtpu's text ("Attempting to
- * allocate 8.00M. That was not possible. There are 6.43M free." ..., or
- * naming TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES when `size` is above
- * the threshold); FAILED_PRECONDITION when the region is off
- * (TPU_PREMAPPED_BUFFER_SIZE=0). */
+ * This can BLOCK while the region is premapped behind the caller
+ * (TPUSHIM_PREMAP=background): a buffer that fits only in the part not
+ * premapped yet waits until premapping reaches it. System_Destroy stops
+ * premapping first, which ends such a wait at once with CANCELLED. A
+ * buffer that could not fit even in the whole region with the buffers now
+ * live fails at once. 1.4: TPUSHIM_HOSTBUFFER_NO_WAIT in `flags` never
+ * waits: UNAVAILABLE instead (retry later).
+ *
+ * Errors: INVALID_ARGUMENT for size 0, an alignment that is not a power
+ * of two <= 4096 or an unknown flag; RESOURCE_EXHAUSTED with libtpu's text
+ * ("Attempting to allocate 8.00M. That was not possible. There are 6.43M
+ * free." ..., or naming TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES when
+ * `size` is above the threshold); FAILED_PRECONDITION when the region is
+ * off (TPU_PREMAPPED_BUFFER_SIZE=0); UNAVAILABLE with
+ * TPUSHIM_HOSTBUFFER_NO_WAIT where it would wait; CANCELLED when
+ * System_Destroy ended its wait. */
+/* 1.4: HostBuffer_Allocate's `flags`. */
+#define TPUSHIM_HOSTBUFFER_NO_WAIT 0x1u /* UNAVAILABLE instead of waiting */
 typedef struct TpuShim_HostBuffer_Allocate_Args {
   size_t struct_size;
   TpuShim_System system; /* in */
@@ -411,6 +440,7 @@ typedef struct TpuShim_HostBuffer_Allocate_Args {
   /* out: the memory, `size` bytes, writable and readable by the caller
    * until the buffer is freed or its system destroyed. */
   void* data;
+  uint32_t flags; /* 1.4: in, TPUSHIM_HOSTBUFFER_* bits; 0 = wait */
 } TpuShim_HostBuffer_Allocate_Args;
 #define TPUSHIM_HOSTBUFFER_ALLOCATE_ARGS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_HostBuffer_Allocate_Args, data)

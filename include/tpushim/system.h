@@ -16,10 +16,11 @@
 // while logging is not initialized sets it up from its options, and later
 // ones use it as it is.
 //
-// Destroying a System cancels operations that have not started, lets
-// started ones finish, and releases every device buffer, staging buffer,
-// pin and the region. REQUIRES: every PinnedHostBuffer of the system is
-// destroyed first (its memory is part of the region).
+// Destroying a System stops premapping the region if that goes on behind
+// the caller (TPUSHIM_PREMAP=background), cancels operations that have
+// not started, lets started ones finish, and releases every device
+// buffer, staging buffer, pin and the region. REQUIRES: every PinnedHostBuffer
+// of the system is destroyed first (its memory is part of the region).
 //
 // Thread-safety: all methods are thread-safe.
 //
@@ -104,20 +105,58 @@ struct DeviceDescription {
 struct StartupProgress {
   enum class Phase {
     kPremapping,  // done_bytes of total_bytes of the region populated
-    kDone,        // start-up finished (successfully or not)
+    // The end: of start-up (successfully or not), or of premapping behind
+    // the caller (TPUSHIM_PREMAP=background). done_bytes < total_bytes
+    // then says the region is not all premapped: premapping failed
+    // (AwaitPremapped says why), was stopped by destroying the system, or
+    // still goes on behind Create (the last call of a callback that was
+    // not asked to go on, see StartupProgressUntil).
+    kDone,
   };
   Phase phase = Phase::kPremapping;
   uint64_t done_bytes = 0;
   uint64_t total_bytes = 0;  // the region's size (0 when it is off)
   absl::Duration elapsed;    // since Create was called
+
+  // kDone with the whole region premapped (or no region): every byte of it
+  // serves. False while premapping goes on or when it stopped short.
+  bool complete() const {
+    return phase == Phase::kDone && done_bytes == total_bytes;
+  }
 };
-// Called from a runtime thread, never concurrently, at most about 20 times
-// a second and once more with every byte done, then once with kDone. It
-// must return quickly and not call into tpushim. With
-// TPUSHIM_PREMAP=background, Create returns while premapping goes on, and
-// the calls go on from the premapping thread until kDone (or until the
-// system is destroyed, which stops premapping).
+// Called from one runtime thread at a time, never concurrently, at most
+// about 20 times a second and once more with every byte done, then once
+// with kDone, the last call. It must return quickly and not call into
+// tpushim. How long the calls go on is the StartupProgressUntil given to
+// Create.
 using StartupProgressCallback = std::function<void(const StartupProgress&)>;
+
+// How long Create's StartupProgressCallback is called. They differ only
+// with TPUSHIM_PREMAP=background, where Create returns while the region is
+// still being premapped.
+enum class StartupProgressUntil {
+  // Only during Create (the default): the last call, kDone, comes before
+  // Create returns, with the bytes premapped so far; then the callback is
+  // destroyed and never called again. It may capture the caller's locals.
+  kCreateReturns,
+  // Until premapping ends: after Create returns the calls go on from the
+  // premapping thread, up to kDone when the region is premapped, or when
+  // premapping fails, or when the system is destroyed (~System makes that
+  // call before it returns). Whatever the callback uses must live until
+  // then.
+  kPremapped,
+};
+
+// What AllocatePinnedHost does when the region is still being premapped
+// (TPUSHIM_PREMAP=background) and the buffer fits only in a part of it
+// that is not premapped yet.
+enum class PremapWait {
+  // Block until premapping reaches it (the default). Destroying the
+  // system meanwhile ends the wait with CANCELLED.
+  kWait,
+  // Return UNAVAILABLE at once (retry later, or AwaitPremapped first).
+  kNoWait,
+};
 
 class TPUSHIM_EXPORT System {
  public:
@@ -128,9 +167,15 @@ class TPUSHIM_EXPORT System {
   // mapped, pinned, open or running.
   static absl::StatusOr<std::unique_ptr<System>> Create(
       const OptionOverrides& overrides = {});
-  // The same, telling `progress` (may be null) how start-up goes.
+  // The same, telling `progress` (may be null) how start-up goes, during
+  // Create only (StartupProgressUntil::kCreateReturns).
   static absl::StatusOr<std::unique_ptr<System>> Create(
       const OptionOverrides& overrides, StartupProgressCallback progress);
+  // The same, telling `progress` until `until` (kPremapped: also how the
+  // premapping behind the caller goes, after Create returned).
+  static absl::StatusOr<std::unique_ptr<System>> Create(
+      const OptionOverrides& overrides, StartupProgressCallback progress,
+      StartupProgressUntil until);
 
   System(const System&) = delete;
   System& operator=(const System&) = delete;
@@ -142,9 +187,12 @@ class TPUSHIM_EXPORT System {
   // Start-up time (options to the last start-up line).
   absl::Duration init_time() const;
   // How far premapping the region has come: kPremapping with the bytes
-  // premapped and served so far, or kDone once the whole region is (at
+  // premapped and served so far, or kDone once premapping has ended (at
   // once for a region premapped in the foreground or off), with the time
-  // since Create was called (at the end, the time the region took).
+  // since Create was called (at the end, the time the region took). kDone
+  // does not mean complete: premapping also ends when it fails or the
+  // system is being destroyed, with done_bytes < total_bytes (the bytes
+  // that serve); complete() tells the two apart, AwaitPremapped says why.
   StartupProgress premap_progress() const;
   // Blocks until the region is premapped (TPUSHIM_PREMAP=background) and
   // returns OK, or why premapping stopped short (the region then serves
@@ -161,8 +209,22 @@ class TPUSHIM_EXPORT System {
   // `alignment` (a power of two <= 4096; at least 64). RESOURCE_EXHAUSTED
   // with libtpu's text when the region cannot serve it or it is above the
   // threshold; FAILED_PRECONDITION when the region is off.
+  //
+  // While the region is premapped behind the caller
+  // (TPUSHIM_PREMAP=background) this can BLOCK: a buffer that fits only in
+  // the part not premapped yet waits until premapping reaches it (or
+  // stops: then RESOURCE_EXHAUSTED naming why, or CANCELLED when the
+  // system is being destroyed, which stops premapping first and so ends
+  // the wait at once). A buffer that could not fit even in the whole
+  // region with the buffers now live fails at once. The overload below
+  // with PremapWait::kNoWait never blocks.
   absl::StatusOr<PinnedHostBuffer> AllocatePinnedHost(uint64_t size,
                                                       size_t alignment = 64);
+  // The same; with kNoWait, UNAVAILABLE at once where the one above would
+  // wait for premapping.
+  absl::StatusOr<PinnedHostBuffer> AllocatePinnedHost(uint64_t size,
+                                                      size_t alignment,
+                                                      PremapWait wait);
 
   // Device memory. When it does not fit: RESOURCE_EXHAUSTED with XLA's
   // text, then XLA's report of what holds the device's memory (its live

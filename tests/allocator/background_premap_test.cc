@@ -6,12 +6,14 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,6 +21,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
+#include "allocator/prefaulter.h"
 #include "allocator/premapped_region.h"
 #include "allocator/region_allocator.h"
 #include "env/fault_injection.h"
@@ -173,6 +176,89 @@ TEST(RegionGrowthTest, StopGrowingWakesWaitersWithTheReasonInTheError) {
   ExpectConsistent(a);
 }
 
+// A request that the whole region could not hold with the buffers now
+// live fails at once instead of waiting for premapping to end.
+TEST(RegionGrowthTest, AnAllocationThatCannotFitEvenWholeFailsAtOnce) {
+  testutil::ScopedTestLogging logs;
+  Memory m(8 * kMiB);
+  RegionAllocator a(m.base(), 8 * kMiB, {.grows = true});
+  a.Grow(kMiB);
+  absl::StatusOr<void*> held = a.Allocate(kMiB);
+  ASSERT_TRUE(held.ok());
+  absl::Notification returned;
+  absl::StatusOr<void*> big;
+  std::thread t([&] {
+    big = a.Allocate(8 * kMiB);  // 1 MiB of the 8 is taken for good
+    returned.Notify();
+  });
+  // Bounded only so that a wait fails the test instead of hanging it.
+  EXPECT_TRUE(returned.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "Allocate waited for a region that can never hold it";
+  EXPECT_TRUE(a.growing());
+  a.StopGrowing(absl::CancelledError("test over"));
+  t.join();
+  ASSERT_EQ(big.status().code(), absl::StatusCode::kResourceExhausted)
+      << big.status();
+  EXPECT_THAT(big.status().message(),
+              HasSubstr("The region is still being premapped (1048576 of "
+                        "8388608 bytes ready;"));
+  EXPECT_THAT(big.status().message(),
+              HasSubstr("TPU_PREMAPPED_BUFFER_SIZE would have to be at least "
+                        "9437184"));
+  EXPECT_EQ(a.GetStats().ready_waits, 0u);
+
+  ASSERT_TRUE(a.Free(*held).ok());
+  ExpectConsistent(a);
+}
+
+TEST(RegionGrowthTest, NoWaitIsUnavailableWhereAllocateWouldWait) {
+  testutil::ScopedTestLogging logs;
+  Memory m(8 * kMiB);
+  RegionAllocator a(m.base(), 8 * kMiB, {.grows = true});
+  a.Grow(kMiB);
+  using IfNotReady = RegionAllocator::IfNotReady;
+  // Served from the ready part: no difference.
+  absl::StatusOr<void*> small = a.Allocate(kMiB / 2, 64, IfNotReady::kFail);
+  ASSERT_TRUE(small.ok()) << small.status();
+  absl::StatusOr<void*> big = a.Allocate(4 * kMiB, 64, IfNotReady::kFail);
+  ASSERT_EQ(big.status().code(), absl::StatusCode::kUnavailable)
+      << big.status();
+  EXPECT_THAT(big.status().message(),
+              HasSubstr("Attempting to allocate 4.00M from the premapped "
+                        "region: not premapped yet (1048576 of 8388608 bytes "
+                        "ready, TPUSHIM_PREMAP=background)"));
+  EXPECT_EQ(a.GetStats().ready_waits, 0u);
+  EXPECT_EQ(a.GetStats().failures, 1u);
+  // Not an out-of-memory: nothing at ERROR.
+  EXPECT_EQ(logs.File("ERROR"), "");
+  a.Grow(8 * kMiB);
+  big = a.Allocate(4 * kMiB, 64, IfNotReady::kFail);
+  ASSERT_TRUE(big.ok()) << big.status();
+  ASSERT_TRUE(a.Free(*big).ok());
+  ASSERT_TRUE(a.Free(*small).ok());
+  ExpectConsistent(a);
+}
+
+// The owner going away (StopGrowing with CANCELLED) ends a wait with
+// CANCELLED, not with an out-of-memory report.
+TEST(RegionGrowthTest, CancelledGrowthEndsAWaitWithCancelled) {
+  testutil::ScopedTestLogging logs;
+  Memory m(8 * kMiB);
+  RegionAllocator a(m.base(), 8 * kMiB, {.grows = true});
+  absl::StatusOr<void*> big;
+  std::thread t([&] { big = a.Allocate(2 * kMiB); });
+  absl::SleepFor(absl::Milliseconds(20));
+  a.StopGrowing(absl::CancelledError("the system is being destroyed"));
+  t.join();
+  ASSERT_EQ(big.status().code(), absl::StatusCode::kCancelled) << big.status();
+  EXPECT_THAT(big.status().message(),
+              HasSubstr("Attempting to allocate 2.00M from the premapped "
+                        "region: premapping the region was stopped while the "
+                        "allocation waited for it (the system is being "
+                        "destroyed)"));
+  EXPECT_EQ(logs.File("ERROR"), "");
+}
+
 TEST(RegionGrowthTest, DumpShowsThePartNotPremapped) {
   Memory m(8 * kMiB);
   RegionAllocator a(m.base(), 8 * kMiB, {.grows = true});
@@ -235,6 +321,7 @@ class GatedOs : public OsWrapper {
 
   std::map<std::string, std::string> env;
   std::atomic<bool> gate_closed{false};
+  std::atomic<int> sleep_ms{0};  // each populate call sleeps this long
   std::atomic<int> populates{0};
   int fail_at = 0;  // 1-based populate call that fails; 0: none
 
@@ -246,6 +333,8 @@ class GatedOs : public OsWrapper {
   absl::Status Madvise(void* addr, size_t length, int advice) override {
     if (advice == MADV_POPULATE_WRITE) {
       while (gate_closed.load()) absl::SleepFor(absl::Milliseconds(1));
+      if (sleep_ms.load() > 0)
+        absl::SleepFor(absl::Milliseconds(sleep_ms.load()));
       if (++populates == fail_at) {
         return absl::ResourceExhaustedError("madvise(MADV_POPULATE_WRITE)");
       }
@@ -289,6 +378,7 @@ TEST(BackgroundPremapTest, CreateReturnsBeforeAnyPageIsPopulated) {
 
   std::vector<uint64_t> progress;
   std::vector<uint64_t> extended;
+  std::set<std::thread::id> hook_threads;  // one: the premapping thread
   std::optional<absl::Status> done;
   r.StartPremapping(PremappedRegion::BackgroundHooks{
       .extend_dma =
@@ -296,12 +386,14 @@ TEST(BackgroundPremapTest, CreateReturnsBeforeAnyPageIsPopulated) {
             // Reachable by DMA before the allocator serves it.
             EXPECT_LT(r.allocator().ready_bytes(), ready);
             extended.push_back(ready);
+            hook_threads.insert(std::this_thread::get_id());
             return absl::OkStatus();
           },
       .on_progress =
           [&](uint64_t done_bytes, uint64_t total) {
             EXPECT_EQ(total, 16 * kMiB);
             progress.push_back(done_bytes);
+            hook_threads.insert(std::this_thread::get_id());
           },
       .on_done = [&](const absl::Status& s) { done = s; }});
   gated.gate_closed = false;
@@ -313,6 +405,8 @@ TEST(BackgroundPremapTest, CreateReturnsBeforeAnyPageIsPopulated) {
   EXPECT_TRUE(std::is_sorted(progress.begin(), progress.end()));
   EXPECT_EQ(progress.back(), 16 * kMiB);
   EXPECT_EQ(extended, progress);
+  EXPECT_EQ(hook_threads.size(), 1u);
+  EXPECT_EQ(hook_threads.count(std::this_thread::get_id()), 0u);
   stats = r.GetStats();
   EXPECT_TRUE(stats.premapped);
   EXPECT_TRUE(stats.locked);
@@ -364,13 +458,14 @@ TEST(BackgroundPremapTest, DestroyedMidWayStopsAndLeavesNothingBehind) {
   ASSERT_TRUE(region.ok()) << region.status();
   std::optional<absl::Status> done;
   absl::Notification some_ready;
+  // Pre-faulting slow enough that destruction comes mid-way (a slow hook
+  // no longer slows the workers down).
+  gated.sleep_ms = 50;
   (*region)->StartPremapping(PremappedRegion::BackgroundHooks{
       .extend_dma = nullptr,
       .on_progress =
           [&](uint64_t, uint64_t) {
             if (!some_ready.HasBeenNotified()) some_ready.Notify();
-            // Slow enough that destruction comes mid-way.
-            absl::SleepFor(absl::Milliseconds(30));
           },
       .on_done = [&](const absl::Status& s) { done = s; }});
   some_ready.WaitForNotification();
@@ -390,6 +485,82 @@ TEST(BackgroundPremapTest, DestroyedMidWayStopsAndLeavesNothingBehind) {
   EXPECT_LT((*region)->allocator().ready_bytes(), 64 * kMiB);
   EXPECT_THAT(logs.File("INFO"),
               HasSubstr("bytes: the system is being destroyed"));
+  region->reset();
+  EXPECT_EQ(os.mapped_bytes(), 0u);
+  EXPECT_EQ(os.locked_bytes(), 0u);
+}
+
+// The ready point is one thread, the one that runs the pre-faulter: every
+// hook (an IOMMU mapping step, progress) runs there, with no lock held, so
+// a slow hook does not hold up the workers populating the next chunks.
+TEST(PrefaulterTest, ReadyCallsComeFromTheRunThreadWhileWorkersGoOn) {
+  GatedOs os(Os::Default());
+  constexpr uint64_t kLength = 8 * kMiB;  // 8 chunks of 1 MiB
+  Memory m(kLength);
+  std::vector<std::thread::id> ids;
+  std::vector<uint64_t> prefixes;
+  bool saw_everything_populated = false;
+  Prefaulter* running = nullptr;
+  Prefaulter prefaulter(
+      os, static_cast<char*>(m.base()), kLength, 4096, 0, [&](uint64_t ready) {
+        ids.push_back(std::this_thread::get_id());
+        prefixes.push_back(ready);
+        if (prefixes.size() > 1) return;
+        // The first call blocks until every chunk is populated: the
+        // workers must get there without it. Bounded only so that a
+        // worker stuck behind this call fails the test instead of hanging.
+        const absl::Time deadline = absl::Now() + absl::Seconds(20);
+        while (running->done_bytes() < kLength && absl::Now() < deadline) {
+          absl::SleepFor(absl::Milliseconds(1));
+        }
+        saw_everything_populated = running->done_bytes() == kLength;
+      });
+  running = &prefaulter;
+  ASSERT_EQ(prefaulter.ThreadsFor(4), 4);
+  ASSERT_TRUE(prefaulter.Run(4).ok());
+  EXPECT_TRUE(saw_everything_populated)
+      << "the workers stopped while a ready call ran";
+  ASSERT_FALSE(ids.empty());
+  for (const std::thread::id& id : ids) {
+    EXPECT_EQ(id, std::this_thread::get_id());
+  }
+  EXPECT_TRUE(std::is_sorted(prefixes.begin(), prefixes.end()));
+  EXPECT_EQ(prefixes.back(), kLength);
+  EXPECT_EQ(prefaulter.ready_bytes(), kLength);
+  EXPECT_EQ(os.populates.load(), 8);
+}
+
+// Stopping the background work releases an allocation waiting for it at
+// once, before waiting for the chunk in progress (here, held at the gate).
+TEST(BackgroundPremapTest, StopReleasesAWaitingAllocationFirst) {
+  testutil::ScopedTestLogging logs;
+  GatedOs gated(Os::Default());
+  FaultInjectingOs os(&gated, nullptr);
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(BackgroundOptions(gated, 16 * kMiB), &os,
+                              nullptr);
+  ASSERT_TRUE(region.ok()) << region.status();
+  PremappedRegion& r = **region;
+  gated.gate_closed = true;
+  r.StartPremapping({});
+  absl::Notification allocate_returned;
+  absl::StatusOr<void*> waiting;
+  std::thread waiter([&] {
+    waiting = r.allocator().Allocate(kMiB);
+    allocate_returned.Notify();
+  });
+  absl::SleepFor(absl::Milliseconds(20));  // let it wait
+  std::thread stopper([&] { r.StopPremapping(); });
+  // Bounded only so that the old order fails the test instead of hanging.
+  EXPECT_TRUE(
+      allocate_returned.WaitForNotificationWithTimeout(absl::Seconds(20)))
+      << "the waiting allocation returned only after the chunk in progress";
+  EXPECT_TRUE(gated.gate_closed.load());
+  gated.gate_closed = false;
+  stopper.join();
+  waiter.join();
+  EXPECT_EQ(waiting.status().code(), absl::StatusCode::kCancelled)
+      << waiting.status();
   region->reset();
   EXPECT_EQ(os.mapped_bytes(), 0u);
   EXPECT_EQ(os.locked_bytes(), 0u);

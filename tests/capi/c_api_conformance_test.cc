@@ -25,6 +25,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <future>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -1998,6 +1999,173 @@ TEST_P(TpushimCApiTest, ErrorMessagesOfBadHandlesSayWhy) {
   EXPECT_TRUE(Deallocate(s, d).ok());
   r = Deallocate(s, d);
   EXPECT_THAT(r.message, HasSubstr("stale"));
+}
+
+// ---- Premapping behind the caller (TPUSHIM_PREMAP=background)
+
+// TestOs() with pre-faulting (each MADV_POPULATE_WRITE) held at a gate,
+// installed as the library's Os for as long as it lives. Destroy every
+// system made through it first.
+class ScopedGatedPopulate : public OsWrapper {
+ public:
+  ScopedGatedPopulate() : OsWrapper(&TestOs()) {
+    capi_internal::SetOsForTesting(this);
+  }
+  ~ScopedGatedPopulate() override {
+    gate_closed = false;
+    capi_internal::SetOsForTesting(&TestOs());
+  }
+
+  std::atomic<bool> gate_closed{true};
+
+  absl::Status Madvise(void* addr, size_t length, int advice) override {
+    constexpr int kPopulateWrite = 23;  // MADV_POPULATE_WRITE, Linux 5.14
+    if (advice == kPopulateWrite) {
+      while (gate_closed.load()) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+    }
+    return OsWrapper::Madvise(addr, length, advice);
+  }
+};
+
+Options BackgroundOptions() {
+  return With(With(SmallOptions(TestDevice(), 16 * kMiB), "TPUSHIM_PREMAP",
+                   "background"),
+              "TPUSHIM_HUGEPAGES", "off");
+}
+
+// 1.1's promise: progress calls during System_Create only, so that
+// progress_user_data may point into the caller's frame. With premapping
+// behind the caller, the last call (phase 1, the bytes premapped so far)
+// comes before System_Create returns, and none later, also when the
+// system is destroyed mid-way; 1.4's progress_after_create asks for the
+// calls to go on (and a 1.1-sized struct cannot ask).
+TEST_P(TpushimCApiTest, ProgressStopsAtSystemCreateUnlessAskedToGoOn) {
+  struct Case {
+    const char* name;
+    size_t struct_size;
+    int32_t progress_after_create;
+    bool goes_on;
+  };
+  const Case cases[] = {
+      {"1.4, not asked", sizeof(TpuShim_System_Create_Args), 0, false},
+      {"1.1-sized struct, field beyond it set",
+       TPUSHIM_STRUCT_SIZE(TpuShim_System_Create_Args, progress_user_data), 1,
+       false},
+      {"1.4, asked", sizeof(TpuShim_System_Create_Args), 1, true},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    ScopedGatedPopulate gated;
+    struct Seen {
+      std::atomic<bool> returned{false};
+      std::atomic<int> after_return{0};
+      std::mutex mu;
+      std::vector<TpuShim_StartupProgress> calls;
+    } seen;
+    const Options options = BackgroundOptions();
+    std::vector<TpuShim_Option> o;
+    for (const auto& [name, value] : options) {
+      o.push_back({name.c_str(), value.c_str()});
+    }
+    TpuShim_System_Create_Args a{};
+    a.options = o.data();
+    a.num_options = o.size();
+    a.progress = [](const TpuShim_StartupProgress* p, void* user_data) {
+      Seen& s = *static_cast<Seen*>(user_data);
+      if (s.returned.load()) ++s.after_return;
+      std::lock_guard<std::mutex> lock(s.mu);
+      s.calls.push_back(*p);
+    };
+    a.progress_user_data = &seen;
+    a.progress_after_create = c.progress_after_create;
+    a.struct_size = c.struct_size;
+    ASSERT_TRUE(Take(api_->System_Create(&a)).ok());
+    seen.returned = true;
+    {
+      std::lock_guard<std::mutex> lock(seen.mu);
+      ASSERT_FALSE(seen.calls.empty());
+      if (!c.goes_on) {
+        EXPECT_EQ(seen.calls.back().phase, 1);
+        EXPECT_EQ(seen.calls.back().done_bytes, 0u);  // held at the gate
+        EXPECT_EQ(seen.calls.back().total_bytes, 16 * kMiB);
+      } else {
+        EXPECT_EQ(seen.calls.back().phase, 0);
+      }
+    }
+    gated.gate_closed = false;
+    ASSERT_TRUE(DestroySystem(a.system).ok());
+    if (c.goes_on) {
+      EXPECT_GT(seen.after_return.load(), 0);
+      std::lock_guard<std::mutex> lock(seen.mu);
+      EXPECT_EQ(seen.calls.back().phase, 1);
+    } else {
+      EXPECT_EQ(seen.after_return.load(), 0);
+    }
+  }
+}
+
+// System_Destroy stops premapping before it waits for the calls running
+// on the system: a HostBuffer_Allocate waiting for premapping returns
+// CANCELLED at once, while pre-faulting is still held at the gate (the
+// destroy then waits only for the chunk in progress, not for the region).
+TEST_P(TpushimCApiTest, DestroyEndsAHostAllocationWaitingForPremapping) {
+  ScopedGatedPopulate gated;
+  TpuShim_System s{};
+  ASSERT_TRUE(TryCreate(BackgroundOptions(), &s).ok());
+  std::promise<Result> allocated;
+  std::future<Result> allocate_result = allocated.get_future();
+  std::thread allocator(
+      [&] { allocated.set_value(TryHost(s, kMiB, nullptr)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // let it wait
+  std::promise<Result> destroyed;
+  std::thread destroyer([&] { destroyed.set_value(DestroySystem(s)); });
+  // Bounded only so that an allocation the destroy does not release fails
+  // the test instead of hanging it.
+  const bool returned = allocate_result.wait_for(std::chrono::seconds(20)) ==
+                        std::future_status::ready;
+  EXPECT_TRUE(returned) << "the allocation went on waiting for premapping";
+  EXPECT_TRUE(gated.gate_closed.load());
+  gated.gate_closed = false;
+  destroyer.join();
+  allocator.join();
+  EXPECT_TRUE(destroyed.get_future().get().ok());
+  const Result r = allocate_result.get();
+  EXPECT_EQ(r.code, TPUSHIM_CODE_CANCELLED) << r.message;
+  EXPECT_THAT(r.message, HasSubstr("premapping the region was stopped while "
+                                   "the allocation waited for it"));
+}
+
+// 1.4's TPUSHIM_HOSTBUFFER_NO_WAIT: UNAVAILABLE at once where
+// HostBuffer_Allocate would wait; unknown flags are INVALID_ARGUMENT.
+TEST_P(TpushimCApiTest, HostAllocationNoWaitFlagNeverWaits) {
+  ScopedGatedPopulate gated;
+  TpuShim_System s{};
+  ASSERT_TRUE(TryCreate(BackgroundOptions(), &s).ok());
+  TpuShim_HostBuffer_Allocate_Args a{};
+  a.struct_size = sizeof a;
+  a.system = s;
+  a.size = kMiB;
+  a.flags = TPUSHIM_HOSTBUFFER_NO_WAIT;
+  Result r = Take(api_->HostBuffer_Allocate(&a));
+  EXPECT_EQ(r.code, TPUSHIM_CODE_UNAVAILABLE) << r.message;
+  EXPECT_THAT(r.message, HasSubstr("not premapped yet"));
+  a.flags = 0x2;
+  r = Take(api_->HostBuffer_Allocate(&a));
+  EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT) << r.message;
+  EXPECT_THAT(r.message, HasSubstr("args->flags is 0x2"));
+  gated.gate_closed = false;
+  a.flags = TPUSHIM_HOSTBUFFER_NO_WAIT;
+  a.size = 16 * kMiB;  // the whole region: served once all premapped
+  for (;;) {
+    r = Take(api_->HostBuffer_Allocate(&a));
+    if (r.code != TPUSHIM_CODE_UNAVAILABLE) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_TRUE(r.ok()) << r.message;
+  EXPECT_TRUE(FreeHost(s, a.buffer).ok());
+  EXPECT_TRUE(DestroySystem(s).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tpushim, TpushimCApiTest,

@@ -1,8 +1,9 @@
 // A System whose region is premapped behind the caller
 // (TPUSHIM_PREMAP=background): creation returns before the region is
 // populated; transfers meanwhile take the pinned path and arrive intact;
-// a pinned host allocation waits for the part it needs; progress goes on
-// after Create and ends with kDone; the premapping lines come after the
+// a pinned host allocation waits for the part it needs (or, asked not to,
+// fails at once); progress ends before Create returns unless asked to go
+// on, then ends with kDone; the premapping lines come after the
 // CreateTpuSystemState ones; destroying the system mid-way leaves nothing
 // mapped or locked. (Every injectable call of such a start-up failing in
 // turn: fault_sweep_test.cc.)
@@ -17,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "driver/system_internal.h"
@@ -217,17 +219,20 @@ TEST(BackgroundSystemTest, TransfersRaceThePremappingFromSeveralThreads) {
             0u);
 }
 
-TEST(BackgroundSystemTest, ProgressGoesOnAfterCreateAndEndsWithDone) {
+TEST(BackgroundSystemTest,
+     ProgressAskedToGoOnGoesOnAfterCreateAndEndsWithDone) {
   ScopedTestLogging logs;
   GatedOs os;
   os.gate_closed = true;
   std::vector<StartupProgress> seen;
   std::atomic<bool> done{false};
   absl::StatusOr<std::unique_ptr<System>> system = SystemFactory::Create(
-      Background(), &os, nullptr, [&](const StartupProgress& p) {
+      Background(), &os, nullptr,
+      [&](const StartupProgress& p) {
         seen.push_back(p);
         if (p.phase == StartupProgress::Phase::kDone) done = true;
-      });
+      },
+      StartupProgressUntil::kPremapped);
   ASSERT_TRUE(system.ok()) << system.status();
   EXPECT_FALSE(done.load());
   os.gate_closed = false;
@@ -239,6 +244,7 @@ TEST(BackgroundSystemTest, ProgressGoesOnAfterCreateAndEndsWithDone) {
   EXPECT_EQ(seen.back().phase, StartupProgress::Phase::kDone);
   EXPECT_EQ(seen.back().done_bytes, 32 * kMiB);
   EXPECT_EQ(seen.back().total_bytes, 32 * kMiB);
+  EXPECT_TRUE(seen.back().complete());
   for (size_t i = 1; i < seen.size(); ++i) {
     EXPECT_GE(seen[i].done_bytes, seen[i - 1].done_bytes);
   }
@@ -249,6 +255,81 @@ TEST(BackgroundSystemTest, ProgressGoesOnAfterCreateAndEndsWithDone) {
             1);
 }
 
+// By default the callback lives only as long as Create: its last call,
+// kDone with what is premapped so far, comes before Create returns, and
+// none after (it may use the caller's locals), however long premapping
+// goes on and even when the system is destroyed mid-way.
+TEST(BackgroundSystemTest, ProgressNotAskedToGoOnEndsBeforeCreateReturns) {
+  ScopedTestLogging logs;
+  GatedOs os;
+  os.gate_closed = true;
+  std::atomic<bool> returned{false};
+  std::atomic<int> after_return{0};
+  std::vector<StartupProgress> seen;
+  absl::StatusOr<std::unique_ptr<System>> system = SystemFactory::Create(
+      Background(), &os, nullptr, [&](const StartupProgress& p) {
+        if (returned.load()) ++after_return;
+        seen.push_back(p);
+      });
+  returned = true;
+  // A failed ASSERT below must not leave the system's destruction stuck
+  // behind the gate.
+  absl::Cleanup open_gate = [&os] { os.gate_closed = false; };
+  ASSERT_TRUE(system.ok()) << system.status();
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.back().phase, StartupProgress::Phase::kDone);
+  EXPECT_EQ(seen.back().done_bytes, 0u);  // nothing populated yet
+  EXPECT_EQ(seen.back().total_bytes, 32 * kMiB);
+  EXPECT_FALSE(seen.back().complete());
+  // premap_progress still tells the truth.
+  EXPECT_EQ((*system)->premap_progress().phase,
+            StartupProgress::Phase::kPremapping);
+  os.gate_closed = false;
+  ASSERT_TRUE((*system)->AwaitPremapped().ok());
+  EXPECT_TRUE((*system)->premap_progress().complete());
+  system->reset();
+  EXPECT_EQ(after_return.load(), 0);
+
+  // Destroyed mid-way: no call either.
+  os.gate_closed = true;
+  returned = false;
+  system = SystemFactory::Create(Background(), &os, nullptr,
+                                 [&](const StartupProgress&) {
+                                   if (returned.load()) ++after_return;
+                                 });
+  returned = true;
+  ASSERT_TRUE(system.ok()) << system.status();
+  os.gate_closed = false;
+  system->reset();
+  EXPECT_EQ(after_return.load(), 0);
+}
+
+// The non-blocking form: UNAVAILABLE at once where AllocatePinnedHost
+// would wait for premapping; both serve what is premapped.
+TEST(BackgroundSystemTest, NoWaitAllocationIsUnavailableUntilPremapped) {
+  ScopedTestLogging logs;
+  GatedOs os;
+  os.gate_closed = true;
+  absl::StatusOr<std::unique_ptr<System>> system =
+      SystemFactory::Create(Background(), &os);
+  absl::Cleanup open_gate = [&os] { os.gate_closed = false; };
+  ASSERT_TRUE(system.ok()) << system.status();
+  absl::StatusOr<PinnedHostBuffer> b =
+      (*system)->AllocatePinnedHost(kMiB, 64, PremapWait::kNoWait);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kUnavailable) << b.status();
+  EXPECT_THAT(b.status().message(), HasSubstr("not premapped yet (0 of "));
+  // More than the region: RESOURCE_EXHAUSTED at once either way.
+  b = (*system)->AllocatePinnedHost(33 * kMiB, 64, PremapWait::kNoWait);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  b = (*system)->AllocatePinnedHost(33 * kMiB);
+  EXPECT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  os.gate_closed = false;
+  ASSERT_TRUE((*system)->AwaitPremapped().ok());
+  b = (*system)->AllocatePinnedHost(kMiB, 64, PremapWait::kNoWait);
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ((*system)->GetStats().region.ready_waits, 0u);
+}
+
 TEST(BackgroundSystemTest, DestroyedWhilePremappingLeavesNothingBehind) {
   ScopedTestLogging logs;
   GatedOs gated;
@@ -257,9 +338,10 @@ TEST(BackgroundSystemTest, DestroyedWhilePremappingLeavesNothingBehind) {
   FaultInjectingOs os(&gated, &injector);
   for (int round = 0; round < 3; ++round) {
     std::optional<StartupProgress> last;
-    absl::StatusOr<std::unique_ptr<System>> system =
-        SystemFactory::Create(Background(64 * kMiB), &os, &injector,
-                              [&](const StartupProgress& p) { last = p; });
+    absl::StatusOr<std::unique_ptr<System>> system = SystemFactory::Create(
+        Background(64 * kMiB), &os, &injector,
+        [&](const StartupProgress& p) { last = p; },
+        StartupProgressUntil::kPremapped);
     ASSERT_TRUE(system.ok()) << system.status();
     absl::SleepFor(absl::Milliseconds(10 * round));
     RoundTrip(**system, 128 * kKiB, round);
@@ -267,6 +349,7 @@ TEST(BackgroundSystemTest, DestroyedWhilePremappingLeavesNothingBehind) {
     ASSERT_TRUE(last.has_value());
     EXPECT_EQ(last->phase, StartupProgress::Phase::kDone);
     EXPECT_LT(last->done_bytes, 64 * kMiB);
+    EXPECT_FALSE(last->complete());
     EXPECT_EQ(os.mapped_bytes(), 0u);
     EXPECT_EQ(os.locked_bytes(), 0u);
     EXPECT_EQ(os.pinned_bytes(), 0u);
