@@ -83,9 +83,14 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
     (void)os->Munmap(range.start, range.length);
   };
   // A fork() child must not share it: the parent's writes to it would turn
-  // copy-on-write for as long as the child lives.
-  TPUSHIM_RETURN_IF_ERROR(ExcludeFromFork(*os, range.start, range.length,
-                                          "the premapped region"));
+  // copy-on-write for as long as the child lives. Tolerated, as the
+  // huge-page advice is: the region works, forks are only slower.
+  if (absl::Status excluded = ExcludeFromFork(*os, range.start, range.length,
+                                              "the premapped region");
+      !excluded.ok()) {
+    LOG(WARNING) << excluded
+                 << "; a fork() child will share the region copy-on-write";
+  }
 
   // 3. Bind before the first touch.
   absl::Status bound = bind

@@ -165,7 +165,7 @@ TpuShim_Error* SystemDestroy(TpuShim_System_Destroy_Args* args) {
     // Premapping behind the caller stops first: a HostBuffer_Allocate
     // waiting for it returns (CANCELLED) instead of holding this up.
     SystemFactory::StopPremapping(*entry->system);
-    {
+    if (!ForkedChildOf(entry->pid)) {
       MutexLock lock(&entry->mu);
       while (entry->active > 0) entry->idle.Wait(&entry->mu);
     }

@@ -6,6 +6,8 @@
 #ifndef TPUSHIM_DRIVER_C_API_SUPPORT_H_
 #define TPUSHIM_DRIVER_C_API_SUPPORT_H_
 
+#include <pthread.h>
+
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -24,6 +26,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
+#include "env/fork_guard.h"
 #include "common/status_macros.h"
 #include "env/os.h"
 #include "tpushim/c_api.h"
@@ -237,6 +240,8 @@ class HandleTable {
   const Kind kind_;
   // Protected by mu_.
   mutable Mutex mu_;
+
+  friend struct Tables;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
 };
@@ -244,6 +249,10 @@ class HandleTable {
 // A system and the calls running on it.
 struct SystemEntry {
   explicit SystemEntry(std::unique_ptr<System> s) : system(std::move(s)) {}
+
+  // The process that created the system: a fork() child's System_Destroy
+  // waits for no call (the calls running at fork() stayed in the parent).
+  const pid_t pid = CurrentProcessId();
 
   // Constant until System_Destroy, which resets it once no call runs.
   std::unique_ptr<System> system;
@@ -274,12 +283,32 @@ struct Tables {
   HandleTable<std::shared_ptr<HostBufferEntry>> host_buffers{Kind::kHostBuffer};
   HandleTable<DeviceBufferEntry> device_buffers{Kind::kDeviceBuffer};
   HandleTable<EventEntry> events{Kind::kEvent};
+
+  // fork() holds every table's lock, so that a child finds them consistent
+  // and free whatever another thread was doing (pthread_atfork).
+  void LockAll() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    systems.mu_.Lock();
+    host_buffers.mu_.Lock();
+    device_buffers.mu_.Lock();
+    events.mu_.Lock();
+  }
+  void UnlockAll() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    events.mu_.Unlock();
+    device_buffers.mu_.Unlock();
+    host_buffers.mu_.Unlock();
+    systems.mu_.Unlock();
+  }
 };
 
 // Never destroyed: callbacks and other threads may use the tables while the
 // process exits.
 inline Tables& tables() {
-  static Tables* const t = new Tables;
+  static Tables* const t = [] {
+    auto* made = new Tables;
+    pthread_atfork([] { tables().LockAll(); }, [] { tables().UnlockAll(); },
+                   [] { tables().UnlockAll(); });
+    return made;
+  }();
   return *t;
 }
 

@@ -32,7 +32,7 @@ mutations=(
   'prefault-threads :: allocator/prefaulter.cc :: for (int i = 0; i < threads; ++i) { :: for (int i = 0; i < 1; ++i) { :: region_allocator_test :: *SeveralThreads* :: pre-faulting runs on several threads'
   'zero-copy-detection :: transfer/engine_queues.cc :: if (size > 0 && region_->allocator().Contains(host, size)) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
   'threshold-comparison :: transfer/engine_queues.cc :: } else if (size <= threshold_) { :: } else if (size < threshold_) { :: transfer_smoke_test :: *Threshold* :: the threshold is inclusive'
-  'staging-overlap :: transfer/engine_staging.cc :: if (buf == nullptr && held < config_.staging_depth) { :: if (buf == nullptr && held < 1) { :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
+  'staging-overlap :: transfer/engine_staging.cc :: if (buf == nullptr && held < StagingDepth(op)) { :: if (buf == nullptr && held < 1) { :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
   'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *StagingBackpressure* :: staging bytes in flight are bounded'
   'dependency-status :: transfer/engine_queues.cc :: if (!s.ok()) op->RecordError(s); :: (void)s; :: transfer_engine_test :: *FailedDependency* :: a failed dependency fails its dependants with its status'
   'callback-thread :: transfer/event.cc :: if (executor != nullptr) { :: if (false) { :: event_test :: *Callback* :: callbacks run on the callback thread, not the completing one'
@@ -43,12 +43,14 @@ mutations=(
   'nvme-health :: device/nvme/nvme_io.cc :: shutting_down ? absl::OkStatus() : ControllerHealth(); :: absl::OkStatus(); :: nvme_device_test :: *UnderIo* :: a controller failing under I/O fails its transfers'
   'nvme-command-timeout :: device/nvme/nvme_io.cc :: if (health.ok() && !shutting_down) health = CheckCommandAges(q); :: (void)0; :: nvme_device_test :: *TimesOut* :: a command left out past the timeout fails and stops the controller'
   'fault-nth :: env/fault_injection.cc :: if (call == rule.k) return &rule; :: if (call == rule.k + 1) return &rule; :: os_test :: *Fault* :: fault points fire at exactly the nth call'
-  'misaligned-staging :: transfer/engine_queues.cc :: *rerouted = path != TransferPath::kStaged;\n    path = TransferPath::kStaged; :: *rerouted = false; :: misaligned_test :: * :: misaligned host buffers are staged, never handed to the device'
+  'misaligned-staging :: transfer/engine_queues.cc :: c.rerouted = c.path != TransferPath::kStaged;\n    c.path = TransferPath::kStaged; :: c.rerouted = false; :: misaligned_test :: * :: misaligned host buffers are staged, never handed to the device'
   'vfio-root-disk :: device/vfio/host_use.cc :: Add(absl::StrCat("its disk ", disk, " holds ", mount_point, via_text)); :: (void)mount_point; :: vfio_host_use_test :: * :: no advice to unbind the controller of a mounted disk'
   'stdout-full :: tools/cli.cc :: if (!context.out->fail()) return context.exit_code; :: return context.exit_code; :: tpushim_flags_test :: *FullDisk* :: results that cannot be written exit 1'
   'premap-served-early :: allocator/region_allocator.cc ::   if (config.grows) { ::   if (false) { :: region_allocator_test :: *Growth*:*Background* :: a region premapped behind the caller serves only its populated part'
   'staging-not-premapped :: transfer/engine_queues.cc :: if (!StagingReady()) { :: if (false) { :: background_system_test :: *WhilePremapping* :: transfers pin until the staging room is premapped'
   'io-uring-pin :: env/posix/posix_os.cc :: pins != nullptr && hull.length() <= kMaxIoUringPin :: false :: os_test :: *Pin* :: caller memory is pinned with the kernel'"'"'s long-term pin'
+  'fork-advice :: env/posix/fork_guard.cc :: os.Madvise(addr, length, MADV_DONTFORK) :: os.Madvise(addr, length, MADV_NORMAL) :: fork_test :: *ParentWrites*:*Sigsegv* :: a fork() child never shares the DMA memory: no copy-on-write for the parent'
+  'bounce-routing :: transfer/engine_queues.cc :: if (bounce_ != nullptr && size > 0 && :: if (false && size > 0 && :: bounce_pool_test :: *SmallTransfers*:*ManyThreads* :: with the region off, small transfers go through the bounce pool instead of pinning'
 )
 
 usage() {

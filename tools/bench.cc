@@ -57,8 +57,9 @@ reference is one thread's memcpy between warm buffers of the largest size
 (at most 256M), measured in the same run.
 
 Paths: zero_copy = a pinned host buffer from the premapped region (size <=
-threshold); staged = pageable memory, size <= threshold; pinned = pageable
-memory, size > threshold or region off. A cell the configuration cannot
+threshold); staged = pageable memory, size <= threshold (with the region
+off: size <= 1M, through the runtime's bounce pool); pinned = pageable
+memory, size > threshold (region off: size > 1M). A cell the configuration cannot
 measure (other side of the threshold, region off, region or HBM too small)
 is skipped with a reason, not an error. d2d has no path: null in JSON, "-"
 in tables and CSV.
@@ -91,7 +92,7 @@ Examples:
   tpushim bench
   tpushim bench --sizes 4K,1M --directions h2d --seconds 1
   TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES=1048576 tpushim bench
-  TPU_PREMAPPED_BUFFER_SIZE=0 tpushim bench --paths pinned   # region off
+  TPU_PREMAPPED_BUFFER_SIZE=0 tpushim bench --paths staged,pinned  # region off
   tpushim bench --json | jq '.rows[] | select(.path == "staged")'
   tpushim bench --csv > transfers.csv)footer";
 
@@ -356,16 +357,26 @@ std::optional<std::string> WhyNot(TransferPath path, uint64_t n,
       }
       return std::nullopt;
     case TransferPath::kStaged:
-      if (region == 0) {
-        return "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE=0): "
-               "pageable memory takes the pinned path";
+      if (region == 0 && n > kBounceMaxBytes) {
+        return absl::StrCat(
+            "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE=0) and it "
+            "is above the bounce pool's ",
+            SizeName(kBounceMaxBytes), ": pageable memory takes the pinned path");
       }
+      if (region == 0) return std::nullopt;  // through the bounce pool
       if (n > threshold) {
         return absl::StrCat("above ", t,
                             ": pageable memory takes the pinned path");
       }
       return std::nullopt;
     case TransferPath::kPinned:
+      if (region == 0 && n <= kBounceMaxBytes) {
+        return absl::StrCat(
+            "the premapped region is off (TPU_PREMAPPED_BUFFER_SIZE=0) and it "
+            "is at or below ",
+            SizeName(kBounceMaxBytes),
+            ": pageable memory is staged through the bounce pool");
+      }
       if (region != 0 && n <= threshold) {
         return absl::StrCat("at or below ", t,
                             ": pageable memory takes the staged path");

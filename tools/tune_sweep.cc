@@ -305,7 +305,8 @@ void Aggregate(const Workload& w, bool mlock_off, Point& p) {
   const Json& region = m["region"];
   const bool locked = region["locked"].get<bool>();
   const uint64_t region_pinned =
-      locked ? region["capacity_bytes"].get<uint64_t>() : 0;
+      (locked ? region["capacity_bytes"].get<uint64_t>() : 0) +
+      m.value("bounce_pool_bytes", uint64_t{0});
   const Json& paths = m["paths"];
   const double host_transfers = static_cast<double>(
       paths["zero_copy"].get<uint64_t>() + paths["staged"].get<uint64_t>() +

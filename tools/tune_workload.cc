@@ -650,6 +650,11 @@ void RunTunePoint(const std::string& workload_text, CommandContext& context) {
                    {"threshold_bytes", stats.region.threshold_bytes},
                    {"locked", stats.region.locked},
                    {"page_kind", stats.region.page_kind}};
+  // With the region off, the pinned memory the runtime holds is its bounce
+  // pool.
+  out["bounce_pool_bytes"] = stats.transfers.bounce_pool_locked
+                                 ? stats.transfers.bounce_pool_bytes
+                                 : 0;
   out["devices"] = s.device_count();
 
   PointRun run(s, *w);

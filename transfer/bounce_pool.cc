@@ -33,11 +33,11 @@ absl::StatusOr<std::unique_ptr<BouncePool>> BouncePool::Create(
   }
   char* base = static_cast<char*>(*mapped);
   absl::Cleanup unmap = [&] { (void)os->Munmap(base, size); };
-  if (absl::Status s = ExcludeFromFork(*os, base, size, what); !s.ok()) {
-    return s;
-  }
-  absl::Cleanup forget = [&] { ForgetForkExclusion(base); };
   auto pool = std::unique_ptr<BouncePool>(new BouncePool(os, base, size));
+  // Tolerated (the caller says so at WARNING): the pool works, forks are
+  // only slower.
+  pool->fork_error_ = ExcludeFromFork(*os, base, size, what);
+  absl::Cleanup forget = [&] { ForgetForkExclusion(base); };
   if (mlock != MlockMode::kOff) {
     absl::Status locked = os->Mlock(base, size, Os::LockWhen::kNow);
     if (locked.ok()) {

@@ -12,10 +12,11 @@
 // (allocator/region_allocator.h), with TryAllocate only: a full pool is an
 // ordinary wait, never an error or a log line.
 //
-// Errors from Create: the mmap, madvise (fork exclusion) or, with
-// TPUSHIM_MLOCK=required, mlock failure, each naming the pool; with
-// TPUSHIM_MLOCK=on a failed mlock leaves the pool unlocked (locked() is
-// false, the caller says so at WARNING). Nothing is left mapped on error.
+// Errors from Create: the mmap or, with TPUSHIM_MLOCK=required, mlock
+// failure, each naming the pool; with TPUSHIM_MLOCK=on a failed mlock
+// leaves the pool unlocked (locked() is false), and a failed fork advice
+// leaves it shared with fork() children (fork_error()): the caller says so
+// at WARNING. Nothing is left mapped on error.
 //
 // Thread-safety: the allocator is thread-safe; the rest is constant after
 // Create.
@@ -57,6 +58,8 @@ class BouncePool {
   bool locked() const { return locked_; }
   // Why they are not, when mlock was tried and failed (OK otherwise).
   const absl::Status& lock_error() const { return lock_error_; }
+  // Why the pool is shared with fork() children after all (OK otherwise).
+  const absl::Status& fork_error() const { return fork_error_; }
   RegionAllocator& allocator() { return *allocator_; }
 
  private:
@@ -68,6 +71,7 @@ class BouncePool {
   const uint64_t size_;
   bool locked_ = false;
   absl::Status lock_error_;
+  absl::Status fork_error_;
   std::unique_ptr<RegionAllocator> allocator_;
 };
 

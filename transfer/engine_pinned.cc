@@ -84,12 +84,16 @@ bool Engine::PrepareImage(Op& op) {
   absl::StatusOr<void*> mapped =
       os_->Mmap(nullptr, bytes, PROT_READ | PROT_WRITE,
                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  absl::Status excluded =
-      mapped.ok() ? ExcludeFromFork(*os_, *mapped, bytes,
-                                    "an array transfer's host image")
-                  : mapped.status();
-  if (!excluded.ok()) {
-    if (mapped.ok()) (void)os_->Munmap(*mapped, bytes);
+  if (mapped.ok()) {
+    absl::Status excluded = ExcludeFromFork(*os_, *mapped, bytes,
+                                            "an array transfer's host image");
+    if (!excluded.ok()) {
+      LOG(WARNING) << excluded
+                   << "; a fork() child will get a copy of it at fork()";
+    }
+  }
+  if (!mapped.ok()) {
+    const absl::Status& excluded = mapped.status();
     op.RecordError(absl::Status(
         excluded.code(),
         absl::StrCat("an array transfer of ", op.buffer->shape->text,

@@ -143,6 +143,10 @@ absl::Status Engine::StartBouncePool() {
     }
     windows.push_back(*w);
   }
+  if (!pool->fork_error().ok()) {
+    LOG(WARNING) << pool->fork_error()
+                 << "; a fork() child will share the bounce pool copy-on-write";
+  }
   if (!pool->lock_error().ok()) {
     LOG(WARNING) << "mlock() of the transfer engine's "
                  << HumanReadableBytes(pool->size())

@@ -33,9 +33,8 @@ absl::Status DmaArena::Create(uint64_t size) {
   absl::Status excluded =
       ExcludeFromFork(*os_, base_, size_, "the NVMe DMA arena");
   if (!excluded.ok()) {
-    (void)os_->Munmap(base_, size_);
-    base_ = nullptr;
-    return excluded;
+    LOG(WARNING) << excluded
+                 << "; a fork() child will get a copy of it at fork()";
   }
   absl::StatusOr<uint64_t> iova = vfio_->MapDma(base_, size_);
   if (!iova.ok()) {

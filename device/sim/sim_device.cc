@@ -524,12 +524,13 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
     hbm.push_back({static_cast<char*>(*p), url.hbm_bytes});
     // Device memory: a fork() child has no business with it, and sharing it
     // would make the parent's DMA writes copy pages while the child lives.
+    // Tolerated: the device works, forks are only slower.
     absl::Status excluded =
         ExcludeFromFork(*os, *p, url.hbm_bytes,
                         absl::StrCat("the HBM of simulated device ", i));
     if (!excluded.ok()) {
-      unmap_all();
-      return excluded;
+      LOG(WARNING) << excluded
+                   << "; a fork() child will share it copy-on-write";
     }
   }
   auto cluster = std::make_shared<SimCluster>(os, std::move(hbm));

@@ -41,6 +41,7 @@
 #include "env/os.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/fork_child.h"
 #include "tpushim/c_api.h"
 
 namespace tpushim {
@@ -1735,6 +1736,41 @@ TEST_P(CApiConformanceTest, DestroyWithLiveBuffersAndPendingWork) {
   const TpuShim_System next = NewSystem();
   const Host h = NewHost(next, 4096);
   EXPECT_TRUE(FreeHost(next, h.handle).ok());
+}
+
+// A fork() child inherits the handles but not the system: calls on them
+// are FAILED_PRECONDITION, a pending event cannot be awaited there, and
+// System_Destroy returns at once without touching the parent's system,
+// which goes on working.
+TEST_P(CApiConformanceTest, ForkChildRefusesInheritedHandlesAndDestroyReturns) {
+  const TpuShim_System s = NewSystem(SmallOptions(kSlowDevice));
+  const TpuShim_DeviceBuffer d = NewDevice(s, 2 * kMiB);
+  std::vector<char> host(2 * kMiB, 4);
+  const TpuShim_Event pending = ToDevice(s, host.data(), d, 0, host.size());
+  const pid_t child = fork();
+  if (child == 0) {
+    TpuShim_Event e{};
+    const Result put = TryToDevice(s, host.data(), d, 0, 4096, {}, &e);
+    if (put.code != TPUSHIM_CODE_FAILED_PRECONDITION ||
+        put.message.find("fork() child") == std::string::npos) {
+      _exit(1);
+    }
+    bool ready = true;
+    if (!IsReady(pending, &ready).ok()) _exit(2);
+    if (!ready && Await(pending).code != TPUSHIM_CODE_FAILED_PRECONDITION) {
+      _exit(3);
+    }
+    if (!DestroySystem(s).ok()) _exit(4);
+    if (DeviceCount(s).code != TPUSHIM_CODE_INVALID_ARGUMENT) _exit(5);
+    _exit(0);
+  }
+  ASSERT_GT(child, 0);
+  const testutil::ForkResult r = testutil::WaitForChild(child);
+  EXPECT_TRUE(r.Exited(0)) << r.Describe();
+  EXPECT_TRUE(Await(pending).ok());
+  int count = 0;
+  EXPECT_TRUE(DeviceCount(s, &count).ok());
+  EXPECT_EQ(count, 1);
 }
 
 TEST_P(CApiConformanceTest, DestroyRacingOtherCallsIsSafe) {

@@ -323,9 +323,9 @@ TEST_F(FaultSweepTest, EveryStartupCallFailsCleanly) {
 }
 
 // The region off: the transfer engine's bounce pool is mapped, excluded
-// from fork() and locked at start-up. Mapping and the fork advice may fail
-// start-up (named); a failed mlock is tolerated (TPUSHIM_MLOCK=on), said
-// at WARNING, and the pool works unlocked.
+// from fork() and locked at start-up. Only mapping may fail start-up
+// (named); a failed fork advice or mlock (TPUSHIM_MLOCK=on) is tolerated,
+// said at WARNING, and the pool works.
 TEST_F(FaultSweepTest, EveryRegionOffStartupCallFailsCleanly) {
   absl::StatusOr<FaultSweepReport> report =
       Sweep("region-off start-up", [&](FaultSweepRun& run) {
@@ -343,7 +343,7 @@ TEST_F(FaultSweepTest, EveryRegionOffStartupCallFailsCleanly) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
             EXPECT_THAT(*run.point(),
-                        AnyOf(FaultPoint::kMmap, FaultPoint::kMadvise))
+                        AnyOf(FaultPoint::kMmap))
                 << system.status();
             EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
             EXPECT_THAT(system.status().message(),
@@ -398,10 +398,7 @@ TEST_F(FaultSweepTest, EveryBackgroundStartupCallFailsCleanly) {
           if (!system.ok()) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
-            // Mapping, or excluding the mappings from fork().
-            EXPECT_THAT(*run.point(),
-                        AnyOf(FaultPoint::kMmap, FaultPoint::kMadvise))
-                << system.status();
+            EXPECT_EQ(*run.point(), FaultPoint::kMmap) << system.status();
             EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
           } else if (!premapped.ok()) {
             // Pre-faulting failed behind the caller.

@@ -235,22 +235,33 @@ TEST_F(BenchTest, ThresholdBelowASizeMeasuresThePinnedPath) {
                                         {"d2h", "pinned", k4K}}));
 }
 
-TEST_F(BenchTest, RegionOffMeasuresOnlyPinnedAndDeviceToDevice) {
-  const Json j = RunJson(kQuick, {"TPU_PREMAPPED_BUFFER_SIZE=0", kDevice});
+// With the region off, sizes up to 1M are staged through the bounce pool
+// and larger ones pinned; zero-copy has no pinned host buffers.
+TEST_F(BenchTest, RegionOffMeasuresTheBouncePoolPinnedAndDeviceToDevice) {
+  const Json j = RunJson({"bench", "--sizes", "4K,1M,2M", "--seconds", "0.01"},
+                         {"TPU_PREMAPPED_BUFFER_SIZE=0", kDevice});
   ASSERT_TRUE(j.is_object());
   EXPECT_EQ(j["config"]["premapped_bytes"], 0u);
-  EXPECT_EQ(Keys(j["rows"]), (std::set<CellKey>{{"h2d", "pinned", k4K},
-                                                {"h2d", "pinned", k1M},
-                                                {"d2h", "pinned", k4K},
-                                                {"d2h", "pinned", k1M},
+  EXPECT_EQ(Keys(j["rows"]), (std::set<CellKey>{{"h2d", "staged", k4K},
+                                                {"h2d", "staged", k1M},
+                                                {"h2d", "pinned", 2 * k1M},
+                                                {"d2h", "staged", k4K},
+                                                {"d2h", "staged", k1M},
+                                                {"d2h", "pinned", 2 * k1M},
                                                 {"d2d", "-", k4K},
-                                                {"d2d", "-", k1M}}));
-  EXPECT_EQ(j["skipped"].size(), 8u) << j["skipped"];
+                                                {"d2d", "-", k1M},
+                                                {"d2d", "-", 2 * k1M}}));
+  EXPECT_EQ(j["skipped"].size(), 12u) << j["skipped"];
   for (const Json& s : j["skipped"]) {
-    EXPECT_THAT(s["path"].get<std::string>(),
-                testing::AnyOf("zero_copy", "staged"));
     EXPECT_THAT(s["reason"].get<std::string>(),
                 HasSubstr("the premapped region is off"));
+    if (s["path"] == "staged") {
+      EXPECT_THAT(s["reason"].get<std::string>(),
+                  HasSubstr("above the bounce pool's 1M"));
+    } else if (s["path"] == "pinned") {
+      EXPECT_THAT(s["reason"].get<std::string>(),
+                  HasSubstr("staged through the bounce pool"));
+    }
   }
 }
 
