@@ -12,7 +12,7 @@
 // the arrays (a tuple's elements one by one) are allocated in order on one
 // simulated device of that capacity, as a runtime would; if they do not
 // all fit it prints the runtime's RESOURCE_EXHAUSTED message with XLA's
-// HBM report and exits 1.
+// HBM report and exits 1. A mistyped element type gets a did-you-mean.
 //
 // Thread-safety: single-threaded, like the tool.
 

@@ -127,6 +127,16 @@ TEST(ShapeTest, HbmOutsideTheSimulatedDevicesRangeIsAUsageError) {
   EXPECT_THAT(low.out, HasSubstr("All 1 arrays fit in 1.00M hbm"));
 }
 
+// An element type in upper case gets the did-you-mean the subcommands
+// give, with the reason.
+TEST(ShapeTest, AnUpperCaseElementTypeGetsTheLowerCaseHint) {
+  const SubprocessResult r = Shape({"F32[2]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown element type 'F32' at column 1; did "
+                               "you mean f32? (element types are lower "
+                               "case)"));
+}
+
 TEST(ShapeTest, HbmThatHoldsThemSaysSo) {
   const SubprocessResult r =
       Shape({"--hbm", "64M", "f32[1024,1024]=a", "(f32[2], s8[3,5])=t"});
