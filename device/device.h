@@ -206,6 +206,13 @@ class Device {
   // Descriptors accepted and not yet completed, in `direction`.
   virtual uint32_t InFlight(DmaDirection direction) const = 0;
 
+  // From now on a completion is delivered as soon as its descriptor has
+  // run, without waiting out the time a device model still had for it
+  // (sim://'s link and latency): called when the device's user shuts down,
+  // which must not sleep out model time. A no-op for real hardware.
+  // Idempotent; thread-safe.
+  virtual void StopModelledDelays() {}
+
   // Stops the DMA engines: descriptors already started finish, the rest
   // complete with CANCELLED; every accepted descriptor has completed when
   // Shutdown returns, and Submit accepts nothing afterwards. Idempotent.

@@ -15,6 +15,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
+#include "common/closest_match.h"
 #include "common/status_macros.h"
 
 // The parser of XLA shape strings and the checks it shares with the size
@@ -110,6 +111,23 @@ std::string CheckArray(const ArrayShape& a) {
 }  // namespace xla_shape_internal
 
 namespace {
+
+// "; did you mean f32?" for a mistyped element type, with a word on case
+// when case is all that is wrong ("F32"); "" when nothing is close.
+std::string ElementTypeHint(absl::string_view name) {
+  std::vector<std::string> names;
+  for (int t = 0; t <= static_cast<int>(ElementType::kC128); ++t) {
+    names.emplace_back(ElementTypeName(static_cast<ElementType>(t)));
+  }
+  const std::vector<std::string> close = ClosestMatches(name, names);
+  if (close.empty()) return "";
+  std::string hint =
+      absl::StrCat("; did you mean ", absl::StrJoin(close, " or "), "?");
+  if (close.size() == 1 && absl::EqualsIgnoreCase(close[0], name)) {
+    absl::StrAppend(&hint, " (element types are lower case)");
+  }
+  return hint;
+}
 
 using xla_shape_internal::CheckElementSize;
 using xla_shape_internal::CheckMinorToMajor;
@@ -224,11 +242,15 @@ class Parser {
     if (name.empty()) return Error("expected an element type or '('");
     std::optional<ElementType> type = ElementTypeFromName(name);
     if (!type.has_value()) {
-      return ErrorAt(
-          name == "token" || name == "opaque"
-              ? absl::StrCat("element type '", name, "' holds no array data")
-              : absl::StrCat("unknown element type '", name, "'"),
-          start);
+      if (name == "token" || name == "opaque") {
+        return ErrorAt(
+            absl::StrCat("element type '", name, "' holds no array data"),
+            start);
+      }
+      const absl::Status unknown =
+          ErrorAt(absl::StrCat("unknown element type '", name, "'"), start);
+      return absl::InvalidArgumentError(
+          absl::StrCat(unknown.message(), ElementTypeHint(name)));
     }
     ArrayShape a;
     a.type = *type;

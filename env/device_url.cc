@@ -26,8 +26,6 @@ constexpr absl::string_view kVfioScheme = "vfio://";
 // What the "unsupported scheme" message offers instead.
 constexpr absl::string_view kSupportedSchemes = "sim://, vfio://";
 
-constexpr uint64_t kMinHbmBytes = uint64_t{1} << 20;
-constexpr uint64_t kMaxHbmBytes = uint64_t{1} << 40;
 constexpr uint64_t kMaxDevices = 64;
 constexpr uint64_t kMaxDmaEngines = 64;
 
@@ -73,7 +71,7 @@ absl::Status SetDevices(absl::string_view value, DeviceUrl& url) {
 
 absl::Status SetHbm(absl::string_view value, DeviceUrl& url) {
   TPUSHIM_ASSIGN_OR_RETURN(const uint64_t bytes, ParseByteSize(value, "hbm"));
-  if (bytes < kMinHbmBytes || bytes > kMaxHbmBytes) {
+  if (bytes < kSimMinHbmBytes || bytes > kSimMaxHbmBytes) {
     return InvalidValueError("hbm", value, "is out of range [1M, 1T]");
   }
   url.hbm_bytes = bytes;
@@ -81,14 +79,28 @@ absl::Status SetHbm(absl::string_view value, DeviceUrl& url) {
 }
 
 absl::Status SetLinkGbps(absl::string_view value, DeviceUrl& url) {
-  TPUSHIM_ASSIGN_OR_RETURN(url.link_gbps,
+  TPUSHIM_ASSIGN_OR_RETURN(const double gbps,
                            ParseNonNegativeFloat(value, "link_gbps"));
+  if (gbps != 0 && (gbps < kSimMinLinkGbps || gbps > kSimMaxLinkGbps)) {
+    return InvalidValueError(
+        "link_gbps", value,
+        absl::StrFormat("is out of range: 0 (unthrottled) or %.3f to %.0f Gb/s",
+                        kSimMinLinkGbps, kSimMaxLinkGbps));
+  }
+  url.link_gbps = gbps;
   return absl::OkStatus();
 }
 
 absl::Status SetLatencyUs(absl::string_view value, DeviceUrl& url) {
-  TPUSHIM_ASSIGN_OR_RETURN(url.latency_us,
+  TPUSHIM_ASSIGN_OR_RETURN(const double us,
                            ParseNonNegativeFloat(value, "latency_us"));
+  if (us > kSimMaxLatencyUs) {
+    return InvalidValueError(
+        "latency_us", value,
+        absl::StrFormat("is out of range [0, %.0f] microseconds (10 s)",
+                        kSimMaxLatencyUs));
+  }
+  url.latency_us = us;
   return absl::OkStatus();
 }
 

@@ -8,8 +8,14 @@
 //   devices=N       1 .. 64                      (default 1)
 //   hbm=B           bytes, or with a K/M/G/T suffix (1024 base, optional
 //                   "iB"), at least 1M, at most 1T  (default 16G)
-//   link_gbps=F     >= 0, 0 = unthrottled           (default 0)
-//   latency_us=F    >= 0                            (default 0)
+//   link_gbps=F     0 = unthrottled, or 0.001 .. 1000000 Gb/s (default 0)
+//   latency_us=F    0 .. 10000000 (10 s)            (default 0)
+// The link bounds keep the link model's times meaningful: below 1 Mb/s a
+// single 512 KiB descriptor holds the link for seconds and a transfer of
+// any size for hours; 1 Pb/s is far above any host link, where a
+// descriptor takes well under a nanosecond already. Ten seconds of latency
+// models any stall worth modelling (timeouts, a hung link) without
+// transfers that outlive the process.
 //   dma_engines=N   1 .. 64 per direction           (default 1)
 //
 // Query parameters of vfio://<pci address> (docs/vfio.md):
@@ -49,6 +55,14 @@
 #include "absl/strings/string_view.h"
 
 namespace tpushim {
+
+// The ranges of sim://'s hbm=, link_gbps= (besides 0) and latency_us=;
+// tools that set them from flags check their flags against these.
+inline constexpr uint64_t kSimMinHbmBytes = uint64_t{1} << 20;
+inline constexpr uint64_t kSimMaxHbmBytes = uint64_t{1} << 40;
+inline constexpr double kSimMinLinkGbps = 0.001;
+inline constexpr double kSimMaxLinkGbps = 1'000'000;
+inline constexpr double kSimMaxLatencyUs = 10'000'000;
 
 // A PCI function address, "DDDD:BB:DD.F" (the domain may be left out:
 // "01:00.0" is domain 0), hexadecimal as `lspci -D` prints it.

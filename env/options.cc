@@ -140,8 +140,21 @@ std::string FormatString(const std::string& value) { return value; }
 
 absl::StatusOr<uint64_t> ParsePremappedBufferSize(absl::string_view text,
                                                   const ParseContext& context) {
-  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t size,
-                           ParseDecimal(text, context.name));
+  absl::StatusOr<uint64_t> parsed = ParseDecimal(text, context.name);
+  if (!parsed.ok()) {
+    // "4G": a byte size as the tools' flags take it. Say what it is in
+    // bytes, and that this variable takes bytes only.
+    if (absl::StatusOr<uint64_t> bytes = ParseByteSize(text, context.name);
+        bytes.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          parsed.status().message(), "; ", text, " is ", *bytes,
+          " bytes: write that (", context.name,
+          " takes decimal bytes without a unit, unlike the tools' byte flags "
+          "such as --region-bytes, which take K/M/G/T suffixes)"));
+    }
+    return parsed.status();
+  }
+  const uint64_t size = *parsed;
   const uint64_t floor = size - size % kPremappedSizeMultiple;
   if (floor == size) return size;
   std::string nearest;

@@ -94,6 +94,10 @@ class Os {
   // (addr, length) of one PinRange.
   virtual absl::Status PinRange(const void* addr, size_t length) = 0;
   virtual absl::Status UnpinRange(const void* addr, size_t length) = 0;
+  // Why PinRange pins with mlock rather than long-term, said once: the
+  // first call after a PinRange found the long-term pin unavailable
+  // returns the reason (for the caller to log), every other call "".
+  virtual std::string TakePinNote() { return ""; }
   // getrlimit(RLIMIT_MEMLOCK).
   virtual absl::StatusOr<ResourceLimit> GetMemlockLimit() = 0;
   // True when the effective capability set holds CAP_IPC_LOCK.
@@ -252,6 +256,7 @@ class OsWrapper : public Os {
   absl::Status UnpinRange(const void* addr, size_t length) override {
     return target_->UnpinRange(addr, length);
   }
+  std::string TakePinNote() override { return target_->TakePinNote(); }
   absl::StatusOr<ResourceLimit> GetMemlockLimit() override {
     return target_->GetMemlockLimit();
   }

@@ -15,6 +15,7 @@
 #include "common/human_bytes.h"
 #include "device/hbm_report.h"
 #include "device/xla_shape.h"
+#include "env/device_url.h"
 #include "nlohmann/json.hpp"
 #include "tools/flags.h"
 #include "tpushim/options.h"
@@ -49,6 +50,10 @@ Examples:
   tpushim shape 'bf16[4096,4100]' 'bf16[4096,4096]'
   tpushim shape --json 'f32[1000,1000]' | jq '.shapes[0].size_bytes'
   tpushim shape --hbm 16G 'f32[32768,32768]=weights' 's32[29360128,10]=one_hot')footer";
+
+// What --hbm takes: what the simulated device it starts takes (hbm= of
+// sim://), so that every value the flag accepts starts one.
+constexpr ByteRange kHbmRange{.min = kSimMinHbmBytes, .max = kSimMaxHbmBytes};
 
 struct ShapeFlags {
   std::vector<std::string> shapes;
@@ -228,10 +233,8 @@ void RunShape(const ShapeFlags& flags, CommandContext& context) {
   Json hbm;
   absl::Status fits;
   if (!flags.hbm.empty()) {
-    const uint64_t capacity =
-        ParseByteFlag("--hbm", flags.hbm,
-                      {.min = 4096, .max = uint64_t{1} << 40})
-            .value();  // the flag's parser accepted it
+    const uint64_t capacity = ParseByteFlag("--hbm", flags.hbm, kHbmRange)
+                                  .value();  // the flag's parser accepted it
     fits = AllocateAll(given, capacity, hbm);
     if (!fits.ok() && !hbm.contains("fits")) {
       ReportError(fits, "the simulated device did not start", flags.json,
@@ -281,8 +284,7 @@ void RegisterShapeCommand(CLI::App& app, CommandContext& context) {
       ->add_option("SHAPE", flags->shapes,
                    "XLA shape strings, each optionally =LABEL")
       ->required();
-  AddByteFlag(shape, "--hbm", &flags->hbm,
-              {.min = 4096, .max = uint64_t{1} << 40},
+  AddByteFlag(shape, "--hbm", &flags->hbm, kHbmRange,
               "Allocate the shapes on one simulated device of this capacity "
               "(K/M/G/T suffixes) and show XLA's report if they do not fit");
   shape->add_flag("--json", flags->json, "Print one JSON object");

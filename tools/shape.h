@@ -8,10 +8,11 @@
 // default, device/xla_shape.h): the layout used and XLA's report lines
 // `Size:`, `Unpadded size:` and `Extra memory due to padding:`, and which
 // dimension causes the padding with the nearest sizes that avoid it. With
-// --hbm the arrays (a tuple's elements one by one) are allocated in order
-// on one simulated device of that capacity, as a runtime would; if they
-// do not all fit it prints the runtime's RESOURCE_EXHAUSTED message with
-// XLA's HBM report and exits 1.
+// --hbm (from 1M to 1T: what a simulated device takes, env/device_url.h)
+// the arrays (a tuple's elements one by one) are allocated in order on one
+// simulated device of that capacity, as a runtime would; if they do not
+// all fit it prints the runtime's RESOURCE_EXHAUSTED message with XLA's
+// HBM report and exits 1. A mistyped element type gets a did-you-mean.
 //
 // Thread-safety: single-threaded, like the tool.
 
@@ -25,7 +26,8 @@ namespace tpushim::tools {
 
 // Adds the `shape` subcommand. Exit status: kExitOk when every shape
 // parsed (and, with --hbm, fits); kExitUsage for a malformed shape
-// ("tpushim shape: <text>: <what> at column <n>") or flag; kExitFailure
+// ("tpushim shape: <text>: <what> at column <n>") or flag (--hbm out of
+// its range included, before anything runs); kExitFailure
 // when the shapes do not fit in --hbm or the simulated device cannot start.
 //
 // The --json object, shapes in argument order:

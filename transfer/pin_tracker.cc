@@ -75,6 +75,10 @@ absl::StatusOr<PinTracker::Lease> PinTracker::Pin(const void* addr,
     status = os_->PinRange(reinterpret_cast<const void*>(b), e - b);
     if (!status.ok()) break;
   }
+  // Said once per process, at INFO: mlock pins as well, only slower.
+  if (std::string note = os_->TakePinNote(); !note.empty()) {
+    LOG(INFO) << note;
+  }
   mu_.Lock();
   for (size_t i = 0; i < gaps.size(); ++i) {
     Segment& segment = segments_.at(gaps[i].first);

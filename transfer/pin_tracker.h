@@ -18,6 +18,9 @@
 // in transition waits for it (a short wait: the segment's own syscall);
 // calls over other segments go ahead.
 //
+// The first Pin after the Os found the kernel's long-term pin unavailable
+// logs why, once, at INFO (Os::TakePinNote): pins still work, with mlock.
+//
 //   TPUSHIM_ASSIGN_OR_RETURN(PinTracker::Lease lease, pins.Pin(p, n));
 //   ... DMA from [p, p + n) ...
 //   pins.Unpin(std::move(lease));

@@ -212,7 +212,9 @@ void Engine::Shutdown() {
     if (q->worker.joinable()) q->worker.join();
   }
   // Let everything started finish (the devices complete or cancel every
-  // descriptor they accepted).
+  // descriptor they accepted), without the time a device model still had
+  // for it.
+  for (Device* device : devices_) device->StopModelledDelays();
   {
     MutexLock lock(&idle_mu_);
     const int64_t warn_at = os_->MonotonicNanos() + 10'000'000'000;

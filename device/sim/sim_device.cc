@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <thread>
 #include <utility>
 
@@ -17,6 +18,7 @@
 #include "common/cpu_relax.h"
 #include "common/human_bytes.h"
 #include "common/mutex.h"
+#include "common/saturating.h"
 #include "common/status_macros.h"
 #include "device/host_window_table.h"
 #include "env/fork_guard.h"
@@ -24,6 +26,24 @@
 
 namespace tpushim {
 namespace {
+
+// Nanoseconds of the link model as a count: rounded down, and saturated at
+// the top of int64 (which the model reads as "never"); negative is 0.
+int64_t ModelNanos(double ns) {
+  constexpr double kTop = 9.2e18;  // just below INT64_MAX
+  if (!(ns > 0)) return 0;
+  return ns >= kTop ? std::numeric_limits<int64_t>::max()
+                    : static_cast<int64_t>(ns);
+}
+
+// `t` + `d` (both >= 0) without overflow: INT64_MAX at the top.
+int64_t ModelTimeAdd(int64_t t, int64_t d) {
+  const uint64_t sum =
+      SaturatingAdd(static_cast<uint64_t>(t), static_cast<uint64_t>(d));
+  return sum > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+             ? std::numeric_limits<int64_t>::max()
+             : static_cast<int64_t>(sum);
+}
 
 // DMA copies go in bursts of at most this size. glibc's memcpy streams
 // larger copies past the cache (non-temporal stores); a DMA engine's writes
@@ -100,6 +120,7 @@ class SimDevice final : public Device {
     return queues_[static_cast<int>(direction)]->in_flight.load(
         std::memory_order_acquire);
   }
+  void StopModelledDelays() override;
   void Shutdown() override;
 
  private:
@@ -123,6 +144,8 @@ class SimDevice final : public Device {
     int sleeping ABSL_GUARDED_BY(mu) = 0;
     bool shutdown ABSL_GUARDED_BY(mu) = false;
     int64_t link_free_ns ABSL_GUARDED_BY(mu) = 0;
+    // Set (under mu) by StopModelledDelays: no more waiting for the model.
+    std::atomic<bool> hurry{false};
 
     std::vector<std::thread> engines;  // joined by Shutdown
   };
@@ -171,7 +194,7 @@ SimDevice::SimDevice(DeviceInfo info, std::shared_ptr<SimCluster> cluster,
       faults_(faults),
       idle_spin_ns_(options.idle_spin_ns),
       ns_per_byte_(info_.link_gbps > 0 ? 8.0 / info_.link_gbps : 0.0),
-      latency_ns_(static_cast<int64_t>(info_.latency_us * 1000.0)),
+      latency_ns_(ModelNanos(info_.latency_us * 1000.0)),
       allocator_(hbm_.base, hbm_.size,
                  RegionAllocator::Config{
                      .kind = RegionAllocator::Kind::kDeviceMemory,
@@ -367,11 +390,12 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
   std::deque<DmaCompletion> delayed;
   std::vector<DmaCompletion> due;
   for (;;) {
-    // Deliver what is due.
+    // Deliver what is due (everything, once the device stops modelling).
     if (!delayed.empty()) {
       const int64_t now = os_->MonotonicNanos();
+      const bool hurry = q.hurry.load(std::memory_order_acquire);
       due.clear();
-      while (!delayed.empty() && delayed.front().end_ns <= now) {
+      while (!delayed.empty() && (hurry || delayed.front().end_ns <= now)) {
         due.push_back(std::move(delayed.front()));
         delayed.pop_front();
       }
@@ -384,6 +408,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
     int64_t end_ns = 0;
     bool have = false;
     bool cancel = false;
+    bool modelled = false;
     uint64_t seen = q.submits.load(std::memory_order_acquire);
     {
       MutexLock lock(&q.mu);
@@ -394,12 +419,16 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
         const int64_t now = os_->MonotonicNanos();
         start_ns = now;
         end_ns = now;
-        if (!cancel && (ns_per_byte_ > 0 || latency_ns_ > 0)) {
+        modelled = !cancel && (ns_per_byte_ > 0 || latency_ns_ > 0) &&
+                   !q.hurry.load(std::memory_order_relaxed);
+        if (modelled) {
+          // Saturating: a time past the int64 range is never, not a wrap
+          // into the past.
           start_ns = std::max(now, q.link_free_ns);
-          const int64_t wire = static_cast<int64_t>(
-              static_cast<double>(d.length) * ns_per_byte_);
-          q.link_free_ns = start_ns + wire;
-          end_ns = start_ns + wire + latency_ns_;
+          q.link_free_ns = ModelTimeAdd(
+              start_ns,
+              ModelNanos(static_cast<double>(d.length) * ns_per_byte_));
+          end_ns = ModelTimeAdd(q.link_free_ns, latency_ns_);
         }
       } else if (q.shutdown) {
         if (delayed.empty()) return;
@@ -410,9 +439,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
           cancel ? absl::CancelledError(absl::StrCat(
                        info_.name, " shut down before the descriptor started"))
                  : Execute(d);
-      if (!cancel && ns_per_byte_ == 0 && latency_ns_ == 0) {
-        end_ns = os_->MonotonicNanos();
-      }
+      if (!cancel && !modelled) end_ns = os_->MonotonicNanos();
       DmaCompletion c{d.user_data, std::move(status), start_ns, end_ns};
       if (!delayed.empty() || end_ns > os_->MonotonicNanos()) {
         delayed.push_back(std::move(c));
@@ -448,7 +475,9 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
         work = true;
         break;
       }
-      if (!delayed.empty() && delayed.front().end_ns <= os_->MonotonicNanos()) {
+      if (!delayed.empty() &&
+          (q.hurry.load(std::memory_order_acquire) ||
+           delayed.front().end_ns <= os_->MonotonicNanos())) {
         work = true;
         break;
       }
@@ -457,7 +486,10 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
     if (work) continue;
 
     MutexLock lock(&q.mu);
-    if (q.head != q.tail || q.shutdown) continue;
+    if (q.head != q.tail || q.shutdown ||
+        (!delayed.empty() && q.hurry.load(std::memory_order_relaxed))) {
+      continue;
+    }
     ++q.sleeping;
     if (delayed.empty()) {
       q.cv.Wait(&q.mu);
@@ -465,6 +497,16 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
       q.cv.WaitUntilMonotonicNanos(&q.mu, delayed.front().end_ns);
     }
     --q.sleeping;
+  }
+}
+
+void SimDevice::StopModelledDelays() {
+  for (auto& q : queues_) {
+    {
+      MutexLock lock(&q->mu);
+      q->hurry.store(true, std::memory_order_release);
+    }
+    q->cv.SignalAll();
   }
 }
 

@@ -19,7 +19,12 @@
 // starting when the link is free; with `latency_us` it completes that much
 // later. The copy itself happens as soon as an engine takes the
 // descriptor; its completion is delivered at the modelled time, so the
-// model — not the engine threads — sets the throughput.
+// model — not the engine threads — sets the throughput. The arithmetic
+// saturates (a time past the int64 range is never delivered by the model,
+// not wrapped into the past); the URL parser bounds both settings.
+// StopModelledDelays and Shutdown deliver every pending completion at once
+// and time no later descriptor: a device being torn down does not sleep
+// out model time.
 //
 // Fault point `dma` (FaultInjector) is checked once per descriptor; an
 // injected fault completes it with the DMA error status (INTERNAL unless

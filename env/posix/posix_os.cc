@@ -167,6 +167,11 @@ class PosixOs final : public Os {
     return absl::OkStatus();
   }
 
+  std::string TakePinNote() override {
+    MutexLock lock(&pins_mu_);
+    return std::exchange(pin_note_, std::string());
+  }
+
   absl::Status UnpinRange(const void* addr, size_t length) override {
     const PageHull hull = PageHull::Of(addr, length, PageSize());
     int64_t how = kMlocked;
@@ -625,8 +630,16 @@ class PosixOs final : public Os {
   // but not the record of which slots are free.
   IoUringPins* Pins() {
     std::call_once(pins_once_, [this] {
-      pins_ = IoUringPins::Open(/*why=*/nullptr);
+      std::string why;
+      pins_ = IoUringPins::Open(this, &why);
       pins_pid_ = getpid();
+      if (pins_ == nullptr) {
+        MutexLock lock(&pins_mu_);
+        pin_note_ = absl::StrCat(
+            "Transfer buffers are pinned with mlock(), not the kernel's "
+            "long-term pin through io_uring, for the life of the process: ",
+            why);
+      }
     });
     return getpid() == pins_pid_ ? pins_.get() : nullptr;
   }
@@ -638,6 +651,8 @@ class PosixOs final : public Os {
   // How each pinned range was pinned: its io_uring slot, or kMlocked. One
   // range may be pinned more than once (by two engines): one entry each.
   std::multimap<Key, int64_t> pinned_ ABSL_GUARDED_BY(pins_mu_);
+  // Why io_uring cannot pin, until TakePinNote hands it out.
+  std::string pin_note_ ABSL_GUARDED_BY(pins_mu_);
 
   const bool numa_available_;
   // libnuma caches node masks in globals it fills in without locking

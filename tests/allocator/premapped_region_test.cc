@@ -437,6 +437,7 @@ void PrintTo(const SweepCase& c, std::ostream* os) { *os << c.name; }
 class StartupFailureSweepTest : public ::testing::TestWithParam<SweepCase> {};
 
 TEST_P(StartupFailureSweepTest, NothingLeaksWhateverFails) {
+  ScopedTestLogging logs;  // fails on purpose: ERRORs off stderr
   FakeHostOs host(Os::Default());
   FaultInjector faults;
   FaultInjectingOs os(&host, &faults);

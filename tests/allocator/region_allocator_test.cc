@@ -28,9 +28,11 @@ using ::testing::StartsWith;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 using testutil::ExpectConsistent;
+using testutil::ScopedTestLogging;
 using testutil::TestRegion;
 
 TEST(RegionAllocatorTest, FailsWithLibtpuMessageWhenFull) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   TestRegion region(16 * kMiB);
   RegionAllocator allocator(region.base(), region.size(), {});
   // Leave 6584 KiB free: libtpu prints that as "6.43M".
@@ -45,8 +47,6 @@ TEST(RegionAllocatorTest, FailsWithLibtpuMessageWhenFull) {
   EXPECT_EQ(allocator.GetStats().failures, 1u);
   ExpectConsistent(allocator);
 }
-
-using testutil::ScopedTestLogging;
 
 TEST(RegionAllocatorTest, LogsTheFailureAtErrorExactlyAsLibtpu) {
   ScopedTestLogging logs;
@@ -77,6 +77,7 @@ TEST(RegionAllocatorTest, DumpOnOomLogsTheAllocatorState) {
 }
 
 TEST(RegionAllocatorTest, OutOfMemoryDetailsFollowTheLibtpuText) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   TestRegion region(4 * kMiB);
   RegionAllocator allocator(region.base(), region.size(), {});
   ASSERT_TRUE(allocator.Allocate(3 * kMiB).ok());
@@ -95,6 +96,7 @@ TEST(RegionAllocatorTest, OutOfMemoryDetailsFollowTheLibtpuText) {
 }
 
 TEST(RegionAllocatorTest, FragmentedFailureSaysSo) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   TestRegion region(4 * kMiB);
   RegionAllocator allocator(region.base(), region.size(), {});
   std::vector<void*> blocks;
@@ -164,6 +166,7 @@ TEST(RegionAllocatorTest, SizesAreExactUpTo64Bytes) {
 }
 
 TEST(RegionAllocatorTest, FillsTheRegionExactly) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   TestRegion region(kMiB);
   RegionAllocator allocator(region.base(), region.size(), {});
   std::vector<void*> blocks;
@@ -223,6 +226,7 @@ TEST(RegionAllocatorTest, RegionOfNBytesHoldsOneNByteBufferAtAnyAlignment) {
 }
 
 TEST(RegionAllocatorTest, AlignedRequestFitsAnAlignedFreeBlockOfItsSize) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   // Three page-sized blocks with the middle one freed: the only free space
   // that holds a page-aligned page is exactly one page, plus an unaligned
   // 64-byte crumb at the end that must not be mistaken for room.
@@ -320,6 +324,7 @@ TEST(RegionAllocatorTest, ContainsChecksWholeRanges) {
 }
 
 TEST(RegionAllocatorTest, InjectedAllocFaultLooksLikeARealOne) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   absl::StatusOr<FaultSpec> spec = ParseFaultSpec("alloc:nth=2");
   ASSERT_TRUE(spec.ok());
   FaultInjector faults(*spec);
@@ -366,6 +371,7 @@ TEST(RegionAllocatorTest, ResetPeakStartsFromCurrentUse) {
 
 // Random allocate/free against a reference model of live ranges.
 TEST(RegionAllocatorTest, RandomizedAgainstReferenceModel) {
+  ScopedTestLogging logs;  // fails allocations on purpose: ERRORs off stderr
   TestRegion region(8 * kMiB);
   RegionAllocator allocator(region.base(), region.size(), {});
   std::mt19937_64 rng(20261121);

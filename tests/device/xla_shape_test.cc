@@ -236,7 +236,11 @@ TEST(XlaShapeTest, PrintedShapesParseBackToThemselves) {
 TEST(XlaShapeTest, EveryMalformedFormNamesItsColumn) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"f32[128,256", "f32[128,256: expected ',' or ']' at column 12"},
-      {"f33[2]", "unknown element type 'f33' at column 1"},
+      {"f33[2]", "unknown element type 'f33' at column 1; did you mean f32?"},
+      {"F32[2]",
+       "unknown element type 'F32' at column 1; did you mean f32? (element "
+       "types are lower case)"},
+      {"BF16[2]", "did you mean bf16? (element types are lower case)"},
       {"  f33[2]", "unknown element type 'f33' at column 3"},
       {"token[]", "element type 'token' holds no array data at column 1"},
       {"f32", "expected '[' after the element type at column 4"},

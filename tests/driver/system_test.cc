@@ -279,6 +279,38 @@ TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
   EXPECT_TRUE(accepted->Await().ok());
 }
 
+// Model time that crawls: a thousandth of real time.
+class SlowClockOs : public FixedEnvironmentOs {
+ public:
+  using FixedEnvironmentOs::FixedEnvironmentOs;
+  int64_t MonotonicNanos() override {
+    return FixedEnvironmentOs::MonotonicNanos() / 1000;
+  }
+};
+
+// A device being torn down does not sleep out model time: destroying a
+// system with a transfer held by 10 s of modelled latency returns at once
+// and the transfer has finished. Here those 10 s are almost three hours of
+// real time, so without that the test hangs until ctest's timeout.
+TEST(SystemTest, DestroyDoesNotWaitOutModelledLatency) {
+  ScopedTestLogging logs;
+  SlowClockOs os(Os::Default());
+  auto system = SystemFactory::Create(
+      Small(0, "sim://?hbm=16M&latency_us=10000000"), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  std::vector<char> host(4096, 1);
+  auto a = (*system)->AllocateDevice(0, 4096);
+  ASSERT_TRUE(a.ok()) << a.status();
+  auto pending = (*system)->TransferToDevice(host.data(), *a, 0, 4096);
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  EXPECT_FALSE(pending->IsReady());
+  system->reset();
+  ASSERT_TRUE(pending->IsReady());
+  // Finished; or cancelled, had it not started yet.
+  const absl::Status done = pending->Await();
+  EXPECT_TRUE(done.ok() || absl::IsCancelled(done)) << done;
+}
+
 TEST(SystemTest, LogOpenFaultsReachTheLogFiles) {
   // TPUSHIM_FAULTS=log_open:... must fail log file creation like EACCES
   // would: logging falls back (a WARNING on stderr), the system starts.

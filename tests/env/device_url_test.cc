@@ -105,6 +105,15 @@ TEST(DeviceUrlTest, AcceptsTheEndsOfEveryRange) {
   EXPECT_EQ(high->devices, 64);
   EXPECT_EQ(high->hbm_bytes, kTiB);
   EXPECT_EQ(high->dma_engines, 64);
+  const absl::StatusOr<DeviceUrl> link_low =
+      ParseDeviceUrl("sim://?link_gbps=0.001&latency_us=10000000");
+  ASSERT_TRUE(link_low.ok()) << link_low.status();
+  EXPECT_EQ(link_low->link_gbps, 0.001);
+  EXPECT_EQ(link_low->latency_us, 1e7);
+  const absl::StatusOr<DeviceUrl> link_high =
+      ParseDeviceUrl("sim://?link_gbps=1000000");
+  ASSERT_TRUE(link_high.ok()) << link_high.status();
+  EXPECT_EQ(link_high->link_gbps, 1e6);
 }
 
 struct BadUrl {
@@ -205,7 +214,21 @@ INSTANTIATE_TEST_SUITE_P(
         BadUrl{"sim://?link_gbps=1.2.3", {"link_gbps=\"1.2.3\""}},
         BadUrl{"sim://?latency_us=", {"latency_us=\"\""}},
         BadUrl{"sim://?latency_us=+2", {"latency_us=\"+2\""}},
-        BadUrl{"sim://?latency_us=2us", {"latency_us=\"2us\""}}));
+        BadUrl{"sim://?latency_us=2us", {"latency_us=\"2us\""}},
+        // Link settings past what the link model can time: each named with
+        // its value and the range it takes.
+        BadUrl{"sim://?link_gbps=0.0000000000001",
+               {"link_gbps=\"0.0000000000001\"", "out of range",
+                "0 (unthrottled) or 0.001 to 1000000 Gb/s"}},
+        BadUrl{"sim://?link_gbps=0.0009",
+               {"link_gbps=\"0.0009\"", "0.001 to 1000000"}},
+        BadUrl{"sim://?link_gbps=1000000.5",
+               {"link_gbps=\"1000000.5\"", "0.001 to 1000000"}},
+        BadUrl{"sim://?latency_us=10000000000000000",
+               {"latency_us=\"10000000000000000\"", "out of range",
+                "[0, 10000000] microseconds"}},
+        BadUrl{"sim://?latency_us=10000000.1",
+               {"latency_us=\"10000000.1\"", "[0, 10000000]"}}));
 
 struct ByteSizeCase {
   std::string text;

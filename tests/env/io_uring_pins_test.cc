@@ -2,12 +2,16 @@
 // (env/posix/io_uring_pins.h), and PosixOs's PinRange/UnpinRange over it:
 // the kernel counts the pages pinned (VmPin) while they are and not after,
 // slots are reused, running out of slots is UNAVAILABLE, and memory
-// io_uring will not pin is locked with mlock (VmLck) instead.
+// io_uring will not pin is locked with mlock (VmLck) instead. The probe
+// in Open accepts any rise of VmPin of at least a page that goes again
+// (read through an Os, faked here), and a failed unpin is retried.
 
 #include "env/posix/io_uring_pins.h"
 
 #include <sys/mman.h>
 
+#include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <memory>
 #include <optional>
@@ -15,6 +19,7 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "env/os.h"
@@ -56,7 +61,7 @@ class IoUringPinsTest : public ::testing::Test {
  protected:
   void SetUp() override {
     std::string why;
-    pins_ = IoUringPins::Open(&why);
+    pins_ = IoUringPins::Open(Os::Default(), &why);
     if (pins_ == nullptr) {
       GTEST_SKIP() << "io_uring cannot pin here (" << why
                    << "); PosixOs pins with mlock, which os_test covers";
@@ -115,6 +120,122 @@ TEST_F(IoUringPinsTest, ClosingUnpinsWhatIsStillPinned) {
   EXPECT_EQ(StatusKiB("VmPin"), before);
 }
 
+// An Os whose /proc/self/status says VmPin is each of `kib` in turn, over
+// and over (the probe reads it before, during and after its pin).
+class VmPinOs : public OsWrapper {
+ public:
+  explicit VmPinOs(std::vector<int64_t> kib)
+      : OsWrapper(Os::Default()), kib_(std::move(kib)) {}
+  absl::StatusOr<std::string> ReadFile(const std::string& path) override {
+    if (path != "/proc/self/status") return OsWrapper::ReadFile(path);
+    const int64_t v = kib_[reads_++ % kib_.size()];
+    return absl::StrCat("Name:\tio_uring_pins_test\nVmLck:\t       0 kB\n",
+                        "VmPin:\t", v, " kB\nVmHWM:\t  1000 kB\n");
+  }
+  size_t reads() const { return reads_; }
+
+ private:
+  std::vector<int64_t> kib_;
+  size_t reads_ = 0;
+};
+
+void SkipWithoutIoUring() {
+  std::string why;
+  if (IoUringPins::Open(Os::Default(), &why) == nullptr) {
+    GTEST_SKIP() << "io_uring cannot pin here (" << why << ")";
+  }
+}
+
+// A probe page counted as a whole transparent huge page (2 MiB) or a
+// 64 KiB page, or beside another pin of the process: the long-term pin
+// is usable all the same.
+TEST(IoUringPinsProbeTest, AcceptsAnyRiseOfAtLeastAPageThatGoesAgain) {
+  SkipWithoutIoUring();
+  if (IsSkipped()) return;
+  for (const std::vector<int64_t>& seen :
+       {std::vector<int64_t>{100, 100 + 2048, 100},
+        std::vector<int64_t>{100, 100 + 64, 100},
+        std::vector<int64_t>{100, 100 + 4 + 512, 100 + 512}}) {
+    VmPinOs os(seen);
+    std::string why;
+    EXPECT_NE(IoUringPins::Open(&os, &why), nullptr)
+        << seen[0] << ", " << seen[1] << ", " << seen[2] << ": " << why;
+    EXPECT_EQ(os.reads(), 3u);
+  }
+}
+
+// Pages that stay counted after the unpin (kernels that release them late)
+// or a pin that is not counted at all: off, and `why` says what was seen.
+TEST(IoUringPinsProbeTest, RefusesPinsThatAreNotCountedOrStay) {
+  SkipWithoutIoUring();
+  if (IsSkipped()) return;
+  for (const std::vector<int64_t>& seen :
+       {std::vector<int64_t>{100, 104, 104},
+        std::vector<int64_t>{100, 100, 100},
+        std::vector<int64_t>{100, 102, 98}}) {
+    VmPinOs os(seen);
+    std::string why;
+    EXPECT_EQ(IoUringPins::Open(&os, &why), nullptr) << seen[1];
+    EXPECT_THAT(why, ::testing::HasSubstr(absl::StrCat(
+                         "VmPin ", seen[0], " kB, ", seen[1], " kB")));
+    EXPECT_THAT(why, ::testing::HasSubstr("late"));
+    EXPECT_EQ(os.reads(), 9u) << "three tries";
+  }
+}
+
+// An unpin the kernel refuses (ENOMEM) keeps the slot's pages pinned and
+// the slot out of use, and a later call unpins it: nothing stays pinned
+// for the life of the process.
+TEST(IoUringPinsUnpinTest, AFailedUnpinIsRetriedByTheNextCall) {
+  SkipWithoutIoUring();
+  if (IsSkipped()) return;
+  // Unpins of slot `failing` fail while `fail_unpins` lasts.
+  std::atomic<int> fail_unpins{0};
+  std::atomic<uint32_t> failing{IoUringPins::kSlots};
+  std::unique_ptr<IoUringPins> pins =
+      IoUringPins::Open(Os::Default(), nullptr, [&](uint32_t s) {
+        return s == failing && fail_unpins.fetch_sub(1) > 0 ? ENOMEM : 0;
+      });
+  ASSERT_NE(pins, nullptr);
+  Buffer a(kMiB);
+  Buffer b(64 * kKiB);
+  const uint64_t before = StatusKiB("VmPin");
+  absl::StatusOr<uint32_t> slot = pins->Pin(a.data, a.size);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  failing = *slot;
+  fail_unpins = 1;
+  absl::Status unpinned = pins->Unpin(*slot);
+  EXPECT_EQ(unpinned.code(), absl::StatusCode::kResourceExhausted) << unpinned;
+  EXPECT_THAT(unpinned.message(), ::testing::HasSubstr("retries"));
+  EXPECT_EQ(pins->pending_unpins(), 1u);
+  EXPECT_EQ(StatusKiB("VmPin") - before, kMiB / kKiB) << "still pinned";
+
+  // The next pin first lets the failed one go.
+  absl::StatusOr<uint32_t> other = pins->Pin(b.data, b.size);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(pins->pending_unpins(), 0u);
+  EXPECT_EQ(StatusKiB("VmPin") - before, b.size / kKiB);
+  ASSERT_TRUE(pins->Unpin(*other).ok());
+  EXPECT_EQ(StatusKiB("VmPin"), before);
+
+  // A retry that fails again stays pending; an unpin retries it too.
+  slot = pins->Pin(a.data, a.size);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  other = pins->Pin(b.data, b.size);
+  ASSERT_TRUE(other.ok()) << other.status();
+  failing = *slot;
+  fail_unpins = 2;  // this unpin and the retry of the next call
+  EXPECT_FALSE(pins->Unpin(*slot).ok());
+  ASSERT_TRUE(pins->Unpin(*other).ok());
+  EXPECT_EQ(pins->pending_unpins(), 1u);
+  EXPECT_EQ(StatusKiB("VmPin") - before, kMiB / kKiB);
+  slot = pins->Pin(b.data, 1);
+  ASSERT_TRUE(slot.ok()) << slot.status();
+  EXPECT_EQ(pins->pending_unpins(), 0u);
+  ASSERT_TRUE(pins->Unpin(*slot).ok());
+  EXPECT_EQ(StatusKiB("VmPin"), before);
+}
+
 // PosixOs: pinned long-term where io_uring can, else locked; either way
 // counted while pinned and released by the matching UnpinRange, also when
 // two users pinned the same range.
@@ -134,7 +255,7 @@ TEST(PosixOsPinTest, PinRangeIsCountedAndReleasedPairwise) {
 
 // Where io_uring can pin, PosixOs pins that way (VmPin), not with mlock.
 TEST(PosixOsPinTest, PinRangeUsesTheLongTermPinWhereIoUringCan) {
-  if (IoUringPins::Open(nullptr) == nullptr) {
+  if (IoUringPins::Open(Os::Default(), nullptr) == nullptr) {
     GTEST_SKIP() << "io_uring cannot pin here";
   }
   Os* os = Os::Default();

@@ -475,6 +475,28 @@ TEST(PrecedenceTest, AnOverriddenValueMustStillBeWellFormed) {
               HasSubstr("TPU_PREMAPPED_BUFFER_SIZE=\"4G\""));
 }
 
+// A size with a unit, as the tools' flags take it: the message gives the
+// value in bytes and says this variable takes no unit.
+TEST(PrecedenceTest, ASizeWithAUnitIsRefusedWithItsValueInBytes) {
+  for (const auto& [text, bytes] :
+       {std::pair<std::string, std::string>{"4G", "4294967296"},
+        std::pair<std::string, std::string>{"512MiB", "536870912"}}) {
+    const absl::StatusOr<Options> options = Resolve({{kSize, text}}, {});
+    ASSERT_FALSE(options.ok()) << text;
+    EXPECT_EQ(options.status().code(), absl::StatusCode::kInvalidArgument);
+    const std::string message = MessageOf(options);
+    EXPECT_THAT(message, HasSubstr(absl::StrCat("TPU_PREMAPPED_BUFFER_SIZE=\"",
+                                                text, "\"")));
+    EXPECT_THAT(message, HasSubstr(absl::StrCat(text, " is ", bytes,
+                                                " bytes: write that")));
+    EXPECT_THAT(message, HasSubstr("without a unit"));
+    EXPECT_THAT(message, HasSubstr("take K/M/G/T suffixes"));
+  }
+  // Not a size at all: no such note.
+  EXPECT_THAT(MessageOf(Resolve({{kSize, "lots"}}, {})),
+              Not(HasSubstr("bytes: write that")));
+}
+
 TEST(PrecedenceTest, KeepsOnlyTheWinningValuesWarnings) {
   OptionOverrides api;
   api.vmodule = "good=1";

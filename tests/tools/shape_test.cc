@@ -111,6 +111,32 @@ TEST(ShapeTest, NoShapeOrABadHbmIsAUsageError) {
   EXPECT_THAT(r.err, HasSubstr("--hbm must be a byte size"));
 }
 
+// --hbm takes what a simulated device takes (1M to 1T): below that is a
+// usage error before anything runs, not a device that fails to start.
+TEST(ShapeTest, HbmOutsideTheSimulatedDevicesRangeIsAUsageError) {
+  for (const char* hbm : {"512K", "4K", "1048575", "2T"}) {
+    const SubprocessResult r = Shape({"--hbm", hbm, "f32[2]"});
+    EXPECT_EQ(r.exit_code, 2) << hbm << ": " << r.err;
+    EXPECT_THAT(r.err, HasSubstr("--hbm")) << hbm;
+    EXPECT_THAT(r.err, HasSubstr("from 1M to 1T")) << hbm;
+    EXPECT_THAT(r.err, Not(HasSubstr("did not start"))) << hbm;
+    EXPECT_THAT(r.out, IsEmpty()) << hbm;
+  }
+  const SubprocessResult low = Shape({"--hbm", "1M", "f32[2]"});
+  EXPECT_EQ(low.exit_code, 0) << low.err;
+  EXPECT_THAT(low.out, HasSubstr("All 1 arrays fit in 1.00M hbm"));
+}
+
+// An element type in upper case gets the did-you-mean the subcommands
+// give, with the reason.
+TEST(ShapeTest, AnUpperCaseElementTypeGetsTheLowerCaseHint) {
+  const SubprocessResult r = Shape({"F32[2]"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_THAT(r.err, HasSubstr("unknown element type 'F32' at column 1; did "
+                               "you mean f32? (element types are lower "
+                               "case)"));
+}
+
 TEST(ShapeTest, HbmThatHoldsThemSaysSo) {
   const SubprocessResult r =
       Shape({"--hbm", "64M", "f32[1024,1024]=a", "(f32[2], s8[3,5])=t"});

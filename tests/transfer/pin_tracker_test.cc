@@ -17,6 +17,7 @@
 #include <set>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -24,7 +25,9 @@
 #include "common/mutex.h"
 #include "env/fault_injection.h"
 #include "env/os.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
 namespace {
@@ -598,6 +601,37 @@ TEST_F(PinTrackerTest, ConcurrentPinAndUnpin) {
   EXPECT_EQ(fos_->pinned_bytes(), 0u);
   EXPECT_TRUE(os_->live().empty());
   EXPECT_EQ(os_->pin_calls(), os_->unpin_calls());
+}
+
+// Why pins are mlock()s rather than the long-term pin is logged once, at
+// INFO, by the first pin after the OS layer found out.
+TEST(PinTrackerNoteTest, WhyPinsAreMlocksIsLoggedOnceAtInfo) {
+  class NoteOs : public OsWrapper {
+   public:
+    NoteOs() : OsWrapper(Os::Default()) {}
+    std::string TakePinNote() override {
+      return std::exchange(note_, std::string());
+    }
+
+   private:
+    std::string note_ = "pins are mlocks here: the probe said so";
+  };
+  testutil::ScopedTestLogging logs;
+  NoteOs os;
+  std::vector<char> memory(3 * 4096);
+  PinTracker t(&os);
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<PinTracker::Lease> lease =
+        t.Pin(memory.data() + i * 4096, 100);
+    ASSERT_TRUE(lease.ok()) << lease.status();
+    t.Unpin(*std::move(lease));
+  }
+  const std::string info = logs.File("INFO");
+  EXPECT_THAT(info, ::testing::HasSubstr(
+                        "] pins are mlocks here: the probe said so\n"));
+  EXPECT_EQ(info.find("the probe said so"), info.rfind("the probe said so"));
+  EXPECT_THAT(logs.File("WARNING"),
+              ::testing::Not(::testing::HasSubstr("the probe said so")));
 }
 
 }  // namespace
