@@ -48,6 +48,7 @@ mutations=(
   'stdout-full :: tools/cli.cc :: if (!context.out->fail()) return context.exit_code; :: return context.exit_code; :: tpushim_flags_test :: *FullDisk* :: results that cannot be written exit 1'
   'premap-served-early :: allocator/region_allocator.cc ::   if (config.grows) { ::   if (false) { :: region_allocator_test :: *Growth*:*Background* :: a region premapped behind the caller serves only its populated part'
   'staging-not-premapped :: transfer/engine_queues.cc :: if (!StagingReady()) { :: if (false) { :: background_system_test :: *WhilePremapping* :: transfers pin until the staging room is premapped'
+  'd2d-overlap-order :: transfer/engine_queues.cc :: to > from ? CopyOrder::kChainedDown : CopyOrder::kChainedUp; :: CopyOrder::kChainedUp; :: overlapping_copy_test :: *EveryOverlap* :: an overlapping device-to-device copy acts as one memmove'
   'io-uring-pin :: env/posix/posix_os.cc :: pins != nullptr && hull.length() <= kMaxIoUringPin :: false :: os_test :: *Pin* :: caller memory is pinned with the kernel'"'"'s long-term pin'
 )
 

@@ -557,7 +557,9 @@ typedef TpuShim_Error* TpuShim_Transfer_FromDevice_Fn(
     TpuShim_Transfer_FromDevice_Args* args);
 
 /* Copies `size` bytes between device buffers of one system, on the same
- * device or two (queued on the source device). */
+ * device or two (queued on the source device). The ranges may overlap
+ * (`src` and `dst` the same buffer): the destination then holds what
+ * memmove gives, the source's bytes as they were when the copy started. */
 typedef struct TpuShim_Transfer_DeviceToDevice_Args {
   size_t struct_size;
   TpuShim_System system;         /* in */
