@@ -49,6 +49,7 @@ mutations=(
   'premap-served-early :: allocator/region_allocator.cc ::   if (config.grows) { ::   if (false) { :: region_allocator_test :: *Growth*:*Background* :: a region premapped behind the caller serves only its populated part'
   'staging-not-premapped :: transfer/engine_queues.cc :: if (!StagingReady()) { :: if (false) { :: background_system_test :: *WhilePremapping* :: transfers pin until the staging room is premapped'
   'd2d-overlap-order :: transfer/engine_queues.cc :: to > from ? CopyOrder::kChainedDown : CopyOrder::kChainedUp; :: CopyOrder::kChainedUp; :: overlapping_copy_test :: *EveryOverlap* :: an overlapping device-to-device copy acts as one memmove'
+  'c-submit-after-reserve :: driver/c_api_support.h :: TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot, tables().events.Reserve());\n  TPUSHIM_ASSIGN_OR_RETURN(Event event, submit()); :: TPUSHIM_ASSIGN_OR_RETURN(Event event, submit());\n  TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot, tables().events.Reserve()); :: c_api_conformance_test :: *FullEventTable* :: a C call refused for a full event table queued nothing'
   'io-uring-pin :: env/posix/posix_os.cc :: pins != nullptr && hull.length() <= kMaxIoUringPin :: false :: os_test :: *Pin* :: caller memory is pinned with the kernel'"'"'s long-term pin'
 )
 
