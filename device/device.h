@@ -59,7 +59,11 @@ inline constexpr HostWindowId kInvalidHostWindow = ~HostWindowId{0};
 //    `host_offset` to device memory at `device_address`.
 //  * kDeviceToHost: copies from `device_address` to the host window.
 //  * kDeviceToDevice: copies from `device_address` on this device to
-//    `peer_address` on device `peer_device` (which may be this device).
+//    `peer_address` on device `peer_device` (which may be this device;
+//    ranges of it that overlap are copied as memmove copies them).
+//    Descriptors in flight together may run at the same time, in any
+//    order: ordering one descriptor's bytes against another's is the
+//    submitter's job.
 // `length` is at least 1. Ranges that fall outside the window or the
 // device memory complete with OUT_OF_RANGE and copy nothing (as an IOMMU
 // fault would).

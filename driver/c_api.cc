@@ -369,20 +369,22 @@ TpuShim_Error* DeviceBufferDeallocate(
     TPUSHIM_ASSIGN_OR_RETURN(std::vector<Event> wait_for,
                              GetWaitFor(call, "DeviceBuffer_Deallocate",
                                         args->wait_for, args->num_wait_for));
-    // Claim the handle (a concurrent second Deallocate finds it stale),
-    // then free. The C++ call cannot fail for a live buffer of a live
-    // system; if it did, the handle is gone all the same.
-    TPUSHIM_ASSIGN_OR_RETURN(
-        DeviceBufferEntry entry,
-        tables().device_buffers.Take(
-            args->buffer.id, [&](const DeviceBufferEntry& e) {
-              return e.system_id == call.id()
-                         ? absl::OkStatus()
-                         : Foreign(Kind::kDeviceBuffer, args->buffer.id);
-            }));
-    TPUSHIM_ASSIGN_OR_RETURN(Event event,
-                             call.system().Deallocate(entry.buffer, wait_for));
-    return AddEvent(call.id(), std::move(event), &args->event);
+    // The event's handle first (a full table leaves the buffer as it
+    // was), then claim the buffer's (a concurrent second Deallocate finds
+    // it stale), then free. The C++ call cannot fail for a live buffer of
+    // a live system; if it did, the handle is gone all the same.
+    return SubmitWithEvent(
+        call.id(), &args->event, [&]() -> absl::StatusOr<Event> {
+          TPUSHIM_ASSIGN_OR_RETURN(
+              DeviceBufferEntry entry,
+              tables().device_buffers.Take(
+                  args->buffer.id, [&](const DeviceBufferEntry& e) {
+                    return e.system_id == call.id()
+                               ? absl::OkStatus()
+                               : Foreign(Kind::kDeviceBuffer, args->buffer.id);
+                  }));
+          return call.system().Deallocate(entry.buffer, wait_for);
+        });
   });
 }
 
@@ -406,10 +408,10 @@ TpuShim_Error* TransferToDevice(TpuShim_Transfer_ToDevice_Args* args) {
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    TPUSHIM_ASSIGN_OR_RETURN(Event event, call.system().TransferToDevice(
-                                              args->src, dst, args->dst_offset,
-                                              args->size, wait_for, semantics));
-    return AddEvent(call.id(), std::move(event), &args->event);
+    return SubmitWithEvent(call.id(), &args->event, [&] {
+      return call.system().TransferToDevice(args->src, dst, args->dst_offset,
+                                            args->size, wait_for, semantics);
+    });
   });
 }
 
@@ -431,10 +433,10 @@ TpuShim_Error* TransferFromDevice(TpuShim_Transfer_FromDevice_Args* args) {
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    TPUSHIM_ASSIGN_OR_RETURN(Event event, call.system().TransferFromDevice(
-                                              src, args->src_offset, args->dst,
-                                              args->size, wait_for, semantics));
-    return AddEvent(call.id(), std::move(event), &args->event);
+    return SubmitWithEvent(call.id(), &args->event, [&] {
+      return call.system().TransferFromDevice(src, args->src_offset, args->dst,
+                                              args->size, wait_for, semantics);
+    });
   });
 }
 
@@ -453,11 +455,10 @@ TpuShim_Error* TransferDeviceToDevice(
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    TPUSHIM_ASSIGN_OR_RETURN(Event event,
-                             call.system().TransferDeviceToDevice(
-                                 src, args->src_offset, dst, args->dst_offset,
-                                 args->size, wait_for));
-    return AddEvent(call.id(), std::move(event), &args->event);
+    return SubmitWithEvent(call.id(), &args->event, [&] {
+      return call.system().TransferDeviceToDevice(
+          src, args->src_offset, dst, args->dst_offset, args->size, wait_for);
+    });
   });
 }
 
@@ -579,6 +580,12 @@ constexpr TpuShim_Api kApi = {
 namespace capi_internal {
 
 void SetOsForTesting(Os* os) { test_os.store(os, std::memory_order_release); }
+
+void LimitEventHandlesForTesting(uint64_t more) {
+  tables().events.TEST_SetCapacity(tables().events.TEST_InUse() + more);
+}
+
+void RestoreEventHandlesForTesting() { tables().events.TEST_SetCapacity(0); }
 
 }  // namespace capi_internal
 }  // namespace tpushim

@@ -2,10 +2,13 @@
 // API.
 //
 // Thread-safety: SetOsForTesting may be called at any time; systems created
-// before the call keep the Os they were created with.
+// before the call keep the Os they were created with. The event handle
+// limit applies to calls that start after it is set.
 
 #ifndef TPUSHIM_DRIVER_C_API_INTERNAL_H_
 #define TPUSHIM_DRIVER_C_API_INTERNAL_H_
+
+#include <cstdint>
 
 #include "env/os.h"
 
@@ -16,6 +19,12 @@ namespace tpushim::capi_internal {
 // nullptr restores Os::Default(). `os` must outlive those systems. Lets a
 // test run the C API with an empty environment.
 void SetOsForTesting(Os* os);
+
+// The event handle table (process-wide) takes at most `more` handles
+// beyond those live now, until RestoreEventHandlesForTesting: lets a test
+// fill it (2^24 handles otherwise) and see a full table refuse a call.
+void LimitEventHandlesForTesting(uint64_t more);
+void RestoreEventHandlesForTesting();
 
 }  // namespace tpushim::capi_internal
 

@@ -76,10 +76,10 @@ TpuShim_Error* TransferArrayToDevice(
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    TPUSHIM_ASSIGN_OR_RETURN(
-        Event event, call.system().TransferArrayToDevice(args->src, dst,
-                                                         wait_for, semantics));
-    return AddEvent(call.id(), std::move(event), &args->event);
+    return SubmitWithEvent(call.id(), &args->event, [&] {
+      return call.system().TransferArrayToDevice(args->src, dst, wait_for,
+                                                 semantics);
+    });
   });
 }
 
@@ -101,10 +101,10 @@ TpuShim_Error* TransferArrayFromDevice(
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    TPUSHIM_ASSIGN_OR_RETURN(Event event,
-                             call.system().TransferArrayFromDevice(
-                                 src, args->dst, wait_for, semantics));
-    return AddEvent(call.id(), std::move(event), &args->event);
+    return SubmitWithEvent(call.id(), &args->event, [&] {
+      return call.system().TransferArrayFromDevice(src, args->dst, wait_for,
+                                                   semantics);
+    });
   });
 }
 

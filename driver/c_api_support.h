@@ -140,26 +140,76 @@ class HandleTable {
   HandleTable(const HandleTable&) = delete;
   HandleTable& operator=(const HandleTable&) = delete;
 
-  // A new id for `value`. RESOURCE_EXHAUSTED when 2^24 are live.
-  absl::StatusOr<uint64_t> Insert(T value) {
+  // A slot held for an entry to come. No call sees it (its id is "not an
+  // id this library issued") until Fill; destroyed unfilled, it goes back
+  // to the table. A call that queues work reserves first, so that a full
+  // table refuses it before anything runs, and fills after.
+  class Reservation {
+   public:
+    Reservation(Reservation&& other) noexcept
+        : table_(std::exchange(other.table_, nullptr)), slot_(other.slot_) {}
+    Reservation& operator=(Reservation&&) = delete;
+    ~Reservation() {
+      if (table_ != nullptr) table_->Release(slot_);
+    }
+    // Makes `value` the slot's entry and returns its id. Cannot fail.
+    uint64_t Fill(T value) && noexcept {
+      HandleTable* table = std::exchange(table_, nullptr);
+      return table->FillSlot(slot_, std::move(value));
+    }
+
+   private:
+    friend class HandleTable;
+    Reservation(HandleTable* table, uint64_t slot)
+        : table_(table), slot_(slot) {}
+    HandleTable* table_;
+    uint64_t slot_;
+  };
+
+  // A slot for an entry to come. RESOURCE_EXHAUSTED when the table's
+  // capacity (2^24) is live or reserved.
+  absl::StatusOr<Reservation> Reserve() {
     MutexLock lock(&mu_);
     uint64_t slot;
-    if (!free_.empty()) {
-      slot = free_.back();
-      free_.pop_back();
-    } else if (slots_.size() <= kSlotMask) {
-      slot = slots_.size();
-      slots_.emplace_back();
-    } else {
+    if (in_use_ >= capacity_) {
       return absl::ResourceExhaustedError(
-          absl::StrCat("tpushim C API: ", kSlotMask + 1, " ",
+          absl::StrCat("tpushim C API: ", capacity_, " ",
                        KindName(static_cast<uint64_t>(kind_)),
                        " handles are live; destroy some first"));
     }
-    Slot& s = slots_[slot];
-    s.value = std::move(value);
-    return (static_cast<uint64_t>(kind_) << kKindShift) | (slot << kSlotShift) |
-           s.generation;
+    if (!free_.empty()) {
+      slot = free_.back();
+      free_.pop_back();
+    } else {
+      // in_use_ < capacity_ <= 2^24, and every slot is in use: the index
+      // fits.
+      slot = slots_.size();
+      slots_.emplace_back();
+      // Room to give every slot back without allocating (Release and
+      // Free cannot fail).
+      free_.reserve(slots_.size());
+    }
+    ++in_use_;
+    return Reservation(this, slot);
+  }
+
+  // A new id for `value`. RESOURCE_EXHAUSTED as Reserve.
+  absl::StatusOr<uint64_t> Insert(T value) {
+    TPUSHIM_ASSIGN_OR_RETURN(Reservation r, Reserve());
+    return std::move(r).Fill(std::move(value));
+  }
+
+  // Test only: at most `capacity` entries live or reserved (entries
+  // beyond it stay valid; none is added until some are freed). 0
+  // restores 2^24.
+  void TEST_SetCapacity(uint64_t capacity) {
+    MutexLock lock(&mu_);
+    capacity_ =
+        capacity == 0 || capacity > kSlotMask + 1 ? kSlotMask + 1 : capacity;
+  }
+  uint64_t TEST_InUse() const {
+    MutexLock lock(&mu_);
+    return in_use_;
   }
 
   // A copy of the entry of `id`.
@@ -229,11 +279,28 @@ class HandleTable {
     return &slots_[slot];
   }
 
+  uint64_t FillSlot(uint64_t slot, T value) noexcept {
+    MutexLock lock(&mu_);
+    Slot& s = slots_[slot];
+    s.value = std::move(value);
+    return (static_cast<uint64_t>(kind_) << kKindShift) | (slot << kSlotShift) |
+           s.generation;
+  }
+
+  // A reserved slot back, unfilled: its id was never seen, so its
+  // generation stays.
+  void Release(uint64_t slot) noexcept {
+    MutexLock lock(&mu_);
+    free_.push_back(slot);  // never allocates (Reserve made room)
+    --in_use_;
+  }
+
   void Free(Slot& s, uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     s.value.reset();
     // Generation 0 is never issued; after 2^32 - 1 reuses, wrap to 1.
     s.generation = s.generation == kGenerationMask ? 1 : s.generation + 1;
     free_.push_back(slot);
+    --in_use_;
   }
 
   // Constant after construction.
@@ -244,6 +311,8 @@ class HandleTable {
   friend struct Tables;
   std::vector<Slot> slots_ ABSL_GUARDED_BY(mu_);
   std::vector<uint64_t> free_ ABSL_GUARDED_BY(mu_);
+  uint64_t in_use_ ABSL_GUARDED_BY(mu_) = 0;  // live or reserved
+  uint64_t capacity_ ABSL_GUARDED_BY(mu_) = kSlotMask + 1;
 };
 
 // A system and the calls running on it.
@@ -398,10 +467,18 @@ inline absl::StatusOr<std::vector<Event>> GetWaitFor(
   return events;
 }
 
-inline absl::Status AddEvent(uint64_t system_id, Event event,
-                             TpuShim_Event* out) {
-  TPUSHIM_ASSIGN_OR_RETURN(
-      out->id, tables().events.Insert(EventEntry{system_id, std::move(event)}));
+using EventReservation = HandleTable<EventEntry>::Reservation;
+
+// Submits work whose event the caller gets: the event's handle is
+// reserved first, so a full table (RESOURCE_EXHAUSTED) refuses the call
+// before `submit` queues anything, and a failed submission gives the
+// handle back. c_api.h promises that a call that fails queued nothing.
+inline absl::Status SubmitWithEvent(
+    uint64_t system_id, TpuShim_Event* out,
+    absl::FunctionRef<absl::StatusOr<Event>()> submit) {
+  TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot, tables().events.Reserve());
+  TPUSHIM_ASSIGN_OR_RETURN(Event event, submit());
+  out->id = std::move(slot).Fill(EventEntry{system_id, std::move(event)});
   return absl::OkStatus();
 }
 

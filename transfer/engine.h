@@ -119,6 +119,15 @@ struct PathChoice {
   bool bounce = false;
 };
 
+// The order of a device-to-device copy's descriptors. A copy whose source
+// and destination overlap in one device's memory (and differ) runs one
+// descriptor at a time, each submitted when the one before completes, in
+// the order that reads every source byte before any descriptor of the
+// copy overwrites it: from the end when the destination lies above the
+// source, from the start when below. Each descriptor is a memmove (the
+// Device contract), so the whole copy is one.
+enum class CopyOrder : uint8_t { kParallel, kChainedUp, kChainedDown };
+
 struct Op;
 
 // Unmaps an array transfer's host image (Op::image).
@@ -171,6 +180,7 @@ struct Op {
   uint64_t buffer_offset = 0;
   std::shared_ptr<Allocation> peer;  // d2d destination
   uint64_t peer_offset = 0;
+  CopyOrder copy_order = CopyOrder::kParallel;  // d2d
   // An array transfer: the host holds the dense array (src / dst) and the
   // device the tiled image of buffer->shape; `size` is the image's length.
   // Staged, each chunk's copy is the relayout; pinned, the whole image
@@ -405,6 +415,10 @@ class Engine {
   void OnDmaComplete(int device, DmaDirection direction,
                      absl::Span<const DmaCompletion> completions);
   void NextFromDevice(Op& op, Chunk& chunk, bool ok);
+  // A chained device-to-device copy (CopyOrder): submits the descriptor
+  // after `chunk`, or, when `chunk` failed or was the last, counts the
+  // rest done.
+  void NextChainedCopy(Op& op, const Chunk& chunk, bool ok);
   // Staged device→host: the chunk's bytes into the caller's buffer (laid
   // out back into the dense array for an array transfer).
   void CopyOut(Op& op, const Chunk& chunk);

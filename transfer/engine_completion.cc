@@ -41,6 +41,10 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
       ChunkDone(op);
       continue;
     }
+    if (op.copy_order != CopyOrder::kParallel) {
+      NextChainedCopy(op, chunk, c.status.ok());
+      continue;
+    }
     if (op.path == TransferPath::kStaged &&
         op.kind != OpKind::kDeviceToDevice) {
       if (op.kind == OpKind::kToDevice) {
@@ -79,6 +83,23 @@ void Engine::OnDmaComplete(int device, DmaDirection direction,
   }
   DrainOverflow(q);
   in_completion_.fetch_sub(1, std::memory_order_release);
+}
+
+void Engine::NextChainedCopy(Op& op, const Chunk& chunk, bool ok) {
+  const bool down = op.copy_order == CopyOrder::kChainedDown;
+  const uint32_t count = static_cast<uint32_t>(op.chunks.size());
+  // Descriptors of the copy after this one, in its order.
+  const uint32_t after = down ? chunk.index : count - 1 - chunk.index;
+  if (ok && after > 0) {
+    // Submitted before this one is counted done, so the operation cannot
+    // finish in between. It goes on through shutdown: a started copy ends
+    // whole, or with the first failure.
+    Chunk& next = op.chunks[down ? chunk.index - 1 : chunk.index + 1];
+    SubmitChunk(op, next, kInvalidHostWindow, 0);
+    ChunkDone(op);
+  } else {
+    ChunkDone(op, 1 + (ok ? 0 : after));
+  }
 }
 
 void Engine::ChunkDone(Op& op, uint64_t n) {

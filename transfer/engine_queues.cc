@@ -183,6 +183,15 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewDeviceToDeviceOp(
   op->buffer_offset = src_offset;
   op->peer = *std::move(d);
   op->peer_offset = dst_offset;
+  // Overlapping ranges of one device's memory: chained, so that no
+  // descriptor overwrites a source byte another has still to read.
+  const uint64_t from = op->buffer->address + src_offset;
+  const uint64_t to = op->peer->address + dst_offset;
+  if (op->peer->device == op->device && from != to && size > 0 &&
+      from < to + size && to < from + size) {
+    op->copy_order =
+        to > from ? CopyOrder::kChainedDown : CopyOrder::kChainedUp;
+  }
   return op;
 }
 
@@ -430,8 +439,15 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
 
 void Engine::StartDescriptors(Op& op, HostWindowId window, uint64_t host_base) {
   op.LayOutChunks(std::max<uint64_t>(config_.descriptor_bytes, 1));
-  for (Chunk& c : op.chunks) {
-    SubmitChunk(op, c, window, host_base + c.offset);
+  if (op.copy_order != CopyOrder::kParallel && !op.chunks.empty()) {
+    // The first of a chained copy; NextChainedCopy submits the others.
+    Chunk& first = op.copy_order == CopyOrder::kChainedDown ? op.chunks.back()
+                                                            : op.chunks.front();
+    SubmitChunk(op, first, window, host_base + first.offset);
+  } else {
+    for (Chunk& c : op.chunks) {
+      SubmitChunk(op, c, window, host_base + c.offset);
+    }
   }
   ChunkDone(op);  // the starter's hold
 }

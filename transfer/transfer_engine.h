@@ -222,7 +222,10 @@ class TransferEngine {
       const DeviceBuffer& src, void* dst, absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
-  // Copies between device buffers, on the same device or two.
+  // Copies between device buffers, on the same device or two. Ranges of
+  // one device's memory that overlap are copied as memmove copies them:
+  // the copy's descriptors then run one at a time, in the order that
+  // reads each source byte before it is overwritten (docs/transfers.md).
   absl::StatusOr<Event> TransferDeviceToDevice(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size,

@@ -120,6 +120,12 @@ class NvmeDevice final : public Device {
     uint32_t outstanding = 0;  // commands issued and not completed
     bool started = false;
     bool queued = false;  // in Queue::to_issue
+    // Device to device with overlapping source and destination (and not
+    // the same range): its commands go one at a time, from the end when
+    // the destination lies above the source, each Copy no longer than the
+    // distance between them (so that its own ranges do not overlap).
+    bool overlapping = false;
+    bool from_end = false;
     absl::Status status;
     int64_t start_ns = 0;
   };

@@ -83,6 +83,10 @@ absl::Status NvmeDevice::Start(Queue& q, Pending& p) {
                        "device ",
                        d.peer_device));
     }
+    p.overlapping = d.peer_address != d.device_address &&
+                    d.peer_address < d.device_address + d.length &&
+                    d.device_address < d.peer_address + d.length;
+    p.from_end = d.peer_address > d.device_address;
     return absl::OkStatus();
   }
   TPUSHIM_ASSIGN_OR_RETURN(
@@ -161,18 +165,31 @@ bool NvmeDevice::IssueOne(Queue& q, uint32_t slot) {
     Fail(p, Unusable());
   }
   if (p.issued >= d.length) return false;
+  // An overlapping copy: the next command once this one has completed
+  // (a controller may run commands in any order).
+  if (p.overlapping && p.outstanding > 0) return false;
   const bool d2d = q.direction == DmaDirection::kDeviceToDevice;
   const uint64_t block = id_.block_bytes;
   uint64_t max = id_.max_command_bytes;
   if (d2d && use_copy_) {
     max = std::min<uint64_t>(max, uint64_t{id_.copy_max_blocks} * block);
+    if (p.overlapping) {
+      // Whole blocks apart: both addresses are block-aligned.
+      const uint64_t gap = d.peer_address > d.device_address
+                               ? d.peer_address - d.device_address
+                               : d.device_address - d.peer_address;
+      max = std::min(max, gap);
+    }
   }
   const uint64_t n = std::min(max, d.length - p.issued);
+  // Where in the descriptor this command starts.
+  const uint64_t at =
+      p.from_end && p.overlapping ? d.length - p.issued - n : p.issued;
   const uint16_t cid = q.free_cids.back();
   Command& c = q.commands[cid];
   c = Command{};
   c.slot = slot;
-  c.lba = (d.device_address + p.issued) / block;
+  c.lba = (d.device_address + at) / block;
   c.blocks = static_cast<uint32_t>(n / block);
   Sqe sqe;
   sqe.cdw12 = c.blocks - 1;
@@ -182,7 +199,7 @@ bool NvmeDevice::IssueOne(Queue& q, uint32_t slot) {
     *range = CopyRange{};
     range->slba = c.lba;
     range->nlb = static_cast<uint16_t>(c.blocks - 1);
-    c.dest_lba = (d.peer_address + p.issued) / block;
+    c.dest_lba = (d.peer_address + at) / block;
     sqe.cdw0 = kNvmCopy;
     sqe.prp1 = q.prp_lists_iova + uint64_t{cid} * kPage;
     sqe.cdw10 = static_cast<uint32_t>(c.dest_lba);
@@ -195,10 +212,10 @@ bool NvmeDevice::IssueOne(Queue& q, uint32_t slot) {
       c.stage = Stage::kBounceRead;
       c.bounce = q.free_bounce.back();
       q.free_bounce.pop_back();
-      c.dest_lba = (d.peer_address + p.issued) / block;
+      c.dest_lba = (d.peer_address + at) / block;
       iova = bounce_iova_ + uint64_t{c.bounce} * kMaxCommandBytes;
     } else {
-      iova = p.host_iova + p.issued;
+      iova = p.host_iova + at;
     }
     if (faults_ != nullptr) {
       absl::Status injected = faults_->Check(FaultPoint::kIommu, [&] {
@@ -246,7 +263,8 @@ void NvmeDevice::Issue(Queue& q) {
     }
     if (q.outstanding >= q.max_outstanding || q.free_cids.empty()) break;
     if (!IssueOne(q, slot)) {
-      if (p.issued < p.d.length) break;  // waiting for a bounce buffer
+      // Waiting for a bounce buffer, or for an overlapping copy's command.
+      if (p.issued < p.d.length) break;
       continue;
     }
     wrote = true;

@@ -484,8 +484,9 @@ typedef TpuShim_Error* TpuShim_DeviceBuffer_Allocate_Fn(
  * submitted on it are done. The handle is stale as soon as the call
  * returns successfully. `event` is ready when the memory is free; with the
  * first failed dependency's status when one failed (the memory is freed
- * all the same). INVALID_ARGUMENT for a bad buffer or event handle (then
- * nothing is freed). */
+ * all the same). INVALID_ARGUMENT for a bad buffer or event handle, and
+ * RESOURCE_EXHAUSTED when 2^24 event handles are live: then nothing is
+ * freed and the buffer stays usable. */
 typedef struct TpuShim_DeviceBuffer_Deallocate_Args {
   size_t struct_size;
   TpuShim_System system;         /* in */
@@ -512,9 +513,11 @@ typedef TpuShim_Error* TpuShim_DeviceBuffer_Deallocate_Fn(
  *
  * Errors at submission come back from the call, and nothing is queued:
  * INVALID_ARGUMENT for a bad handle, a NULL host pointer, size 0, a range
- * outside the buffer, an unknown `semantics`. Errors while the transfer
- * runs (a DMA or pin failure, a failed dependency, CANCELLED at
- * System_Destroy) come back as the event's status.
+ * outside the buffer, an unknown `semantics`; RESOURCE_EXHAUSTED when
+ * 2^24 event handles are live (the call's event would have none: destroy
+ * some). Errors while the transfer runs (a DMA or pin failure, a failed
+ * dependency, CANCELLED at System_Destroy) come back as the event's
+ * status.
  */
 
 /* Copies `size` bytes from host `src` to `dst` at `dst_offset`. The path
@@ -557,7 +560,9 @@ typedef TpuShim_Error* TpuShim_Transfer_FromDevice_Fn(
     TpuShim_Transfer_FromDevice_Args* args);
 
 /* Copies `size` bytes between device buffers of one system, on the same
- * device or two (queued on the source device). */
+ * device or two (queued on the source device). The ranges may overlap
+ * (`src` and `dst` the same buffer): the destination then holds what
+ * memmove gives, the source's bytes as they were when the copy started. */
 typedef struct TpuShim_Transfer_DeviceToDevice_Args {
   size_t struct_size;
   TpuShim_System system;         /* in */

@@ -267,6 +267,10 @@ class TPUSHIM_EXPORT System {
       const DeviceBuffer& src, void* dst, absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // Copies `size` bytes between device buffers, on one device or two.
+  // Source and destination may overlap (within one buffer): the
+  // destination then holds what a memmove of the range gives, the
+  // source's bytes as they were when the copy started.
   absl::StatusOr<Event> TransferDeviceToDevice(
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size,

@@ -14,7 +14,10 @@
 // for device memory, the threshold named); failed dependencies propagating
 // through events; callbacks (inline, on the callback thread, with an error
 // status, calling back in); System_Destroy with live buffers and pending
-// work, and racing other calls; option errors naming the variable.
+// work, and racing other calls; option errors naming the variable. For
+// tpushim's own table (TpushimCApiTest, through the adapter's test seam):
+// a full event handle table refusing every submitting call before it
+// queues anything.
 
 #include <algorithm>
 #include <atomic>
@@ -2202,6 +2205,83 @@ TEST_P(TpushimCApiTest, HostAllocationNoWaitFlagNeverWaits) {
   ASSERT_TRUE(r.ok()) << r.message;
   EXPECT_TRUE(FreeHost(s, a.buffer).ok());
   EXPECT_TRUE(DestroySystem(s).ok());
+}
+
+// A call refused because the event handle table is full queued nothing:
+// no byte moves, no statistic moves, a buffer it was to deallocate stays
+// usable. Once a handle is freed, calls work again. (The table holds 2^24
+// handles; the test limits it through the adapter's test seam.)
+TEST_P(TpushimCApiTest, AFullEventTableRefusesACallBeforeItQueuesAnything) {
+  const TpuShim_System s = NewSystem();
+  constexpr uint64_t kSize = 64 * kKiB;
+  const TpuShim_DeviceBuffer a = NewDevice(s, kSize);
+  const TpuShim_DeviceBuffer b = NewDevice(s, kSize);
+  const std::vector<char> ones(kSize, 1), twos(kSize, 2), threes(kSize, 3);
+  for (const auto& [buffer, bytes] : {std::pair{a, &ones}, {b, &twos}}) {
+    const TpuShim_Event e = ToDevice(s, bytes->data(), buffer, 0, kSize);
+    ASSERT_TRUE(Await(e).ok());
+    ASSERT_TRUE(DestroyEvent(e).ok());
+  }
+  const TpuShim_Event held = ToDevice(s, ones.data(), a, 0, kSize);
+  ASSERT_TRUE(Await(held).ok());
+  TpuShim_Stats before;
+  ASSERT_TRUE(Stats(s, &before).ok());
+
+  capi_internal::LimitEventHandlesForTesting(0);  // full from now on
+  struct Restore {
+    ~Restore() { capi_internal::RestoreEventHandlesForTesting(); }
+  } restore;
+  auto expect_full = [](const Result& r) {
+    EXPECT_EQ(r.code, TPUSHIM_CODE_RESOURCE_EXHAUSTED) << r.message;
+    EXPECT_THAT(r.message, HasSubstr("TpuShim_Event handles are live"));
+  };
+  TpuShim_Event e{};
+  expect_full(TryToDevice(s, threes.data(), b, 0, kSize, {}, &e));
+  std::vector<char> out(kSize, 9);
+  expect_full(TryFromDevice(s, a, 0, out.data(), kSize, {}, &e));
+  expect_full(TryDeviceToDevice(s, a, b, kSize, {}, &e));
+  {
+    TpuShim_Transfer_ArrayToDevice_Args args{};
+    args.struct_size = sizeof args;
+    args.system = s;
+    args.src = threes.data();
+    args.dst = b;
+    args.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+    expect_full(Take(api_->Transfer_ArrayToDevice(&args)));
+  }
+  {
+    TpuShim_Transfer_ArrayFromDevice_Args args{};
+    args.struct_size = sizeof args;
+    args.system = s;
+    args.src = a;
+    args.dst = out.data();
+    args.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+    expect_full(Take(api_->Transfer_ArrayFromDevice(&args)));
+  }
+  expect_full(Deallocate(s, b, {}, &e));
+
+  // Nothing ran, nor will.
+  EXPECT_EQ(out, std::vector<char>(kSize, 9));
+  TpuShim_Stats after;
+  ASSERT_TRUE(Stats(s, &after).ok());
+  EXPECT_EQ(
+      std::memcmp(after.transfers, before.transfers, sizeof before.transfers),
+      0);
+  EXPECT_EQ(after.device_to_device_transfers,
+            before.device_to_device_transfers);
+  EXPECT_EQ(after.device_buffers_live, before.device_buffers_live);
+  EXPECT_EQ(after.events_pending, 0u);
+
+  // A handle freed makes room for one: `b` still holds its own bytes and
+  // can be deallocated.
+  ASSERT_TRUE(DestroyEvent(held).ok());
+  const TpuShim_Event down = FromDevice(s, b, 0, out.data(), kSize);
+  ASSERT_TRUE(Await(down).ok());
+  EXPECT_EQ(out, twos);
+  expect_full(TryToDevice(s, threes.data(), b, 0, kSize, {}, &e));
+  ASSERT_TRUE(DestroyEvent(down).ok());
+  EXPECT_TRUE(Deallocate(s, b).ok());
+  EXPECT_TRUE(Deallocate(s, a).ok());
 }
 
 INSTANTIATE_TEST_SUITE_P(Tpushim, TpushimCApiTest,

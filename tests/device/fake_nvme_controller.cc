@@ -408,8 +408,14 @@ uint16_t FakeNvmeController::Io(const Sqe& sqe) {
       if (range.slba + nlb > config_.blocks || dest + nlb > config_.blocks) {
         return kLbaOutOfRange;
       }
-      std::memmove(&media_[dest * block], &media_[range.slba * block],
-                   nlb * block);
+      // Block by block from the first: the NVM Command Set does not make
+      // a Copy whose source and destination overlap act as memmove, so the
+      // fake does not either (a destination above the source reads blocks
+      // the command itself has overwritten).
+      for (uint64_t b = 0; b < nlb; ++b) {
+        std::memmove(&media_[(dest + b) * block],
+                     &media_[(range.slba + b) * block], block);
+      }
       dest += nlb;
     }
     copies_.fetch_add(1);

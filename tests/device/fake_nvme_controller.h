@@ -11,7 +11,10 @@
 //     Create/Delete I/O Submission and Completion Queue, Read, Write and
 //     Copy, moving data through the fake IOMMU's live mappings between
 //     host memory and a namespace buffer, PRP entries and PRP lists
-//     (chained) included;
+//     (chained) included; one command at a time, in submission order; a
+//     Copy moves its blocks first to last, so one whose destination
+//     overlaps its source from above reads blocks it has overwritten (the
+//     specification promises nothing for overlapping ranges);
 //   * posts each completion with the phase bit, never overrunning a
 //     completion queue's head doorbell, and raises the queue's MSI-X
 //     vector.
