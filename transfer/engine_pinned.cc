@@ -144,11 +144,9 @@ void Engine::StartPinned(Op& op, PinReason reason) {
         op.pin_cv.Wait(&op.mu);
       }
     }
-    if (closing_.load(std::memory_order_acquire)) {
-      op.RecordError(absl::CancelledError(
-          "the transfer engine shut down during the transfer"));
-    }
-    if (!op.Error().ok()) break;  // a descriptor failed, or shutdown
+    // A transfer that has started finishes, shutdown or not: the caller
+    // is told it either moved every byte or failed for a reason of its own.
+    if (!op.Error().ok()) break;  // a descriptor failed
     absl::StatusOr<PinTracker::Lease> lease =
         pins_.Pin(host + piece.offset, piece.length);
     if (!lease.ok()) {

@@ -210,13 +210,9 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
         op.recycled.fetch_sub(1, std::memory_order_relaxed);
       }
     }
-    const bool closing = closing_.load(std::memory_order_acquire);
-    if (closing || !op.Error().ok()) {
-      // A chunk failed (the transfer has its status), or shutdown.
-      if (closing) {
-        op.RecordError(absl::CancelledError(
-            "the transfer engine shut down during the transfer"));
-      }
+    // A started transfer finishes, shutdown or not; a failed chunk ends it
+    // (the transfer has its status).
+    if (!op.Error().ok()) {
       MutexLock lock(&op.mu);
       op.free_staging.push_back(buf);
       buf = nullptr;
@@ -279,11 +275,8 @@ void Engine::NextFromDevice(Op& op, Chunk& chunk, bool ok) {
   {
     MutexLock lock(&op.mu);
     const uint32_t n = static_cast<uint32_t>(op.chunks.size());
-    if (!ok || !op.error.ok() || closing_.load(std::memory_order_acquire)) {
-      if (op.error.ok()) {
-        op.error = absl::CancelledError(
-            "the transfer engine shut down during the transfer");
-      }
+    // A started transfer finishes, shutdown or not; a failed chunk ends it.
+    if (!ok || !op.error.ok()) {
       abandoned = n - op.next_chunk;
       op.next_chunk = n;
     } else if (op.next_chunk < n) {
