@@ -11,6 +11,17 @@
 // A pinned segment is never split: a transfer overlapping part of a
 // segment keeps the whole segment pinned until every user is done.
 //
+// Where a pin is recorded, and why in three places, each for its own job:
+//   * here: which transfers use a page range (reference counts), so that
+//     overlapping transfers pin a page once and unpin it last;
+//   * the OS layer (env/posix/posix_os.cc): how each range it pinned was
+//     pinned — an io_uring slot or mlock() — so that it is undone the
+//     same way;
+//   * io_uring's slot table (env/posix/io_uring_pins.h): which registered
+//     buffer slots are free, and the unpins the kernel refused, to retry.
+// None knows the others' records: the tracker hands the OS layer exactly
+// the ranges it pinned, and the OS layer hands io_uring exactly its slots.
+//
 // Thread-safety: thread-safe. The mlock/munlock calls run outside the
 // tracker's mutex — pinning a large buffer for one device must not hold up
 // another device's small pin — so a segment is in one of three states:

@@ -33,6 +33,7 @@
 #include "absl/strings/strip.h"
 #include "common/mutex.h"
 #include "common/page_hull.h"
+#include "env/fork_guard.h"
 #include "env/os.h"
 #include "env/posix/io_uring_pins.h"
 
@@ -185,7 +186,7 @@ class PosixOs final : public Os {
     }
     if (how != kMlocked) {
       // A forked child shares the parent's ring: the slot is the parent's.
-      if (getpid() != pins_pid_) return absl::OkStatus();
+      if (ForkedChildOf(pins_pid_)) return absl::OkStatus();
       return pins_->Unpin(static_cast<uint32_t>(how));
     }
     if (munlock(hull.start(), hull.length()) != 0) {
@@ -632,7 +633,7 @@ class PosixOs final : public Os {
     std::call_once(pins_once_, [this] {
       std::string why;
       pins_ = IoUringPins::Open(this, &why);
-      pins_pid_ = getpid();
+      pins_pid_ = CurrentProcessId();
       if (pins_ == nullptr) {
         MutexLock lock(&pins_mu_);
         pin_note_ = absl::StrCat(
@@ -641,7 +642,7 @@ class PosixOs final : public Os {
             why);
       }
     });
-    return getpid() == pins_pid_ ? pins_.get() : nullptr;
+    return ForkedChildOf(pins_pid_) ? nullptr : pins_.get();
   }
 
   std::once_flag pins_once_;
