@@ -5,10 +5,11 @@
 //
 //   region   pinned host buffers from a tpushim premapped region, which
 //            the runtime excludes from fork() (MADV_DONTFORK)
-//   plain    an anonymous mapping with nothing said about fork(): what the
-//            region was before, and what any pinned pool without the
-//            advice is — after fork() every first write to one of its
-//            pages copies the page
+//   plain    an anonymous mapping with nothing said about fork() (huge
+//            pages advised, as the region's): what the region was before,
+//            and what any pinned pool without the advice is — after fork()
+//            every first write to one of its pages copies the page, and
+//            even once the child is gone each page faults once more
 //
 // Each round times, for each kind, one full write with no child and one
 // with a child alive (forked just before, blocked on a pipe, reaped after),
@@ -112,9 +113,13 @@ int main(int argc, char** argv) {
   absl::StatusOr<PinnedHostBuffer> region = (*system)->AllocatePinnedHost(size);
   if (!region.ok()) Die(region.status().ToString());
 
+  // Backed as the region is by default (transparent huge pages where the
+  // kernel gives them), populated and locked.
   void* mapped = mmap(nullptr, size, PROT_READ | PROT_WRITE,
-                      MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+                      MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (mapped == MAP_FAILED) Die("mmap");
+  (void)madvise(mapped, size, MADV_HUGEPAGE);
+  std::memset(mapped, 0, size);
   const bool plain_locked = mlock(mapped, size) == 0;
 
   struct Kind {
