@@ -68,6 +68,15 @@
  * time, concurrently with any other, including from event callbacks
  * (except System_Destroy of the system whose callback it is; see there).
  *
+ * fork(): a child inherits the handles but not the system. The region,
+ * the bounce pool and the devices' memory are not inherited
+ * (MADV_DONTFORK): touching an inherited host buffer in the child raises
+ * SIGSEGV. Calls that allocate, transfer, deallocate or wait on an
+ * inherited system's handles return FAILED_PRECONDITION naming both
+ * processes (device queries answer from the copy), and System_Destroy in
+ * the child returns at once without touching the parent's system. A child
+ * that needs the runtime creates its own system.
+ *
  * Usage:
  *
  *   const TpuShim_Api* api = TpuShim_GetApi();

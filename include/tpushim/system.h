@@ -24,6 +24,17 @@
 //
 // Thread-safety: all methods are thread-safe.
 //
+// fork(): the region, the bounce pool and the devices' memory are not
+// inherited by a child (MADV_DONTFORK), so the parent's region never turns
+// copy-on-write. In the child their addresses are reserved with no access:
+// touching a PinnedHostBuffer inherited from the parent raises SIGSEGV.
+// On a System inherited by a child, every call that allocates, transfers,
+// deallocates or waits (and Await of a pending event) returns
+// FAILED_PRECONDITION naming both processes; GetStats returns empty
+// statistics; the device descriptions answer from the copy; destroying
+// it there frees nothing of the parent's and returns at once. A child that needs the runtime creates its
+// own System.
+//
 //   TPUSHIM_ASSIGN_OR_RETURN(std::unique_ptr<tpushim::System> system,
 //                            tpushim::System::Create());
 //   TPUSHIM_ASSIGN_OR_RETURN(tpushim::PinnedHostBuffer host,
