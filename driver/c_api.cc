@@ -8,7 +8,9 @@
 //                'E' event) — a handle of the wrong kind is recognized
 //   bits 55..32  slot index
 //   bits 31..0   the slot's generation (never 0), bumped when the slot is
-//                freed — a stale or doubly-freed handle is recognized
+//                freed — a stale or doubly-freed handle is recognized; a
+//                slot freed at the last generation retires instead of
+//                wrapping, so no id is ever issued twice
 //
 // so every id the caller can make up is either live or INVALID_ARGUMENT.
 // Entries hold the C++ objects (shared handles) and the id of the system
@@ -586,6 +588,10 @@ void LimitEventHandlesForTesting(uint64_t more) {
 }
 
 void RestoreEventHandlesForTesting() { tables().events.TEST_SetCapacity(0); }
+
+bool SetEventSlotGenerationForTesting(uint64_t destroyed, uint64_t generation) {
+  return tables().events.TEST_SetGeneration(destroyed, generation);
+}
 
 }  // namespace capi_internal
 }  // namespace tpushim
