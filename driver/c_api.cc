@@ -8,7 +8,9 @@
 //                'E' event) — a handle of the wrong kind is recognized
 //   bits 55..32  slot index
 //   bits 31..0   the slot's generation (never 0), bumped when the slot is
-//                freed — a stale or doubly-freed handle is recognized
+//                freed — a stale or doubly-freed handle is recognized; a
+//                slot freed at the last generation retires instead of
+//                wrapping, so no id is ever issued twice
 //
 // so every id the caller can make up is either live or INVALID_ARGUMENT.
 // Entries hold the C++ objects (shared handles) and the id of the system
@@ -22,7 +24,9 @@
 // host buffers,
 // drops its device buffers and destroys the System (which cancels what
 // has not started and runs the pending callbacks — those that call back
-// into the system find it closing instead of deadlocking).
+// into the system find it closing instead of deadlocking). A callback
+// cannot destroy any system (FAILED_PRECONDITION): the destroy's wait for
+// that system's callbacks could close a cycle of waits.
 //
 // Versioning: 1.0 is the first version, so every field of every args
 // struct lies within the 1.0 size that CheckArgs requires. A field
@@ -147,11 +151,24 @@ TpuShim_Error* SystemDestroy(TpuShim_System_Destroy_Args* args) {
     TPUSHIM_CHECK_ARGS(args, "System_Destroy",
                        TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE);
     const uint64_t id = args->system.id;
-    if (id != 0 && id == tls_callback_system) {
-      return absl::FailedPreconditionError(
-          "System_Destroy: called from a callback running on the system's "
-          "own callback thread; a system cannot be destroyed from its own "
-          "callbacks");
+    // Destroying a system waits for its callbacks to finish. From its own
+    // callback that waits for itself; from another system's, it can wait
+    // forever too: two systems destroying each other from their callbacks
+    // each wait for the other's callback. So no callback destroys a
+    // system, whichever.
+    if (tls_callback_system != 0) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "System_Destroy: called from a callback running on the callback "
+          "thread of %s (TpuShim_System 0x%016x); destroying a system waits "
+          "for its callbacks to finish, so %s. Nothing was destroyed: "
+          "destroy systems from a thread that is not a callback thread "
+          "(for example one the callback signals)",
+          tls_callback_system == id ? "this very system" : "another system",
+          tls_callback_system,
+          tls_callback_system == id
+              ? "it would wait for this callback, which waits for it"
+              : "two systems destroying each other from their callbacks "
+                "would wait for each other forever"));
     }
     TPUSHIM_ASSIGN_OR_RETURN(
         std::shared_ptr<SystemEntry> entry,
@@ -586,6 +603,10 @@ void LimitEventHandlesForTesting(uint64_t more) {
 }
 
 void RestoreEventHandlesForTesting() { tables().events.TEST_SetCapacity(0); }
+
+bool SetEventSlotGenerationForTesting(uint64_t destroyed, uint64_t generation) {
+  return tables().events.TEST_SetGeneration(destroyed, generation);
+}
 
 }  // namespace capi_internal
 }  // namespace tpushim

@@ -8,6 +8,7 @@
 
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -26,8 +27,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/string_view.h"
 #include "common/mutex.h"
-#include "env/fork_guard.h"
 #include "common/status_macros.h"
+#include "env/fork_guard.h"
 #include "env/os.h"
 #include "tpushim/c_api.h"
 #include "tpushim/system.h"
@@ -167,7 +168,8 @@ class HandleTable {
   };
 
   // A slot for an entry to come. RESOURCE_EXHAUSTED when the table's
-  // capacity (2^24) is live or reserved.
+  // capacity (2^24) is live or reserved, or when every slot index is live,
+  // reserved or retired (see Free).
   absl::StatusOr<Reservation> Reserve() {
     MutexLock lock(&mu_);
     uint64_t slot;
@@ -180,9 +182,14 @@ class HandleTable {
     if (!free_.empty()) {
       slot = free_.back();
       free_.pop_back();
+    } else if (slots_.size() > kSlotMask) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "tpushim C API: all ", kSlotMask + 1, " ",
+          KindName(static_cast<uint64_t>(kind_)),
+          " slots are live or retired (a slot retires after 2^32 - 1 "
+          "handles, so that no handle is ever issued twice)"));
     } else {
-      // in_use_ < capacity_ <= 2^24, and every slot is in use: the index
-      // fits.
+      // Fewer than 2^24 slots exist: the index fits.
       slot = slots_.size();
       slots_.emplace_back();
       // Room to give every slot back without allocating (Release and
@@ -210,6 +217,22 @@ class HandleTable {
   uint64_t TEST_InUse() const {
     MutexLock lock(&mu_);
     return in_use_;
+  }
+  // Test only: the free slot of the freed id `id` is next issued with
+  // `generation` (not below its own), so that a test reaches the last
+  // generation without 2^32 reuses. False, changing nothing, when `id`'s
+  // slot is live or reserved, or `generation` is out of range.
+  bool TEST_SetGeneration(uint64_t id, uint64_t generation) {
+    MutexLock lock(&mu_);
+    const uint64_t slot = (id >> kSlotShift) & kSlotMask;
+    if (id >> kKindShift != static_cast<uint64_t>(kind_) ||
+        slot >= slots_.size() || generation > kGenerationMask ||
+        generation < slots_[slot].generation ||
+        std::find(free_.begin(), free_.end(), slot) == free_.end()) {
+      return false;
+    }
+    slots_[slot].generation = generation;
+    return true;
   }
 
   // A copy of the entry of `id`.
@@ -248,7 +271,9 @@ class HandleTable {
 
  private:
   struct Slot {
-    uint32_t generation = 1;
+    // The generation the slot's next (or current) id carries; beyond
+    // kGenerationMask once the slot is retired.
+    uint64_t generation = 1;
     std::optional<T> value;
   };
 
@@ -295,11 +320,21 @@ class HandleTable {
     --in_use_;
   }
 
+  // Generations never wrap: a slot whose last generation (2^32 - 1) is
+  // freed retires (stays out of free_ for good, its ids all stale), so no
+  // id is issued twice and a stale handle can never match a live one, in
+  // a run of any length. Wrapping instead would let a loop of
+  // create/destroy, which reuses one slot (free_ is last-in-first-out),
+  // bring a stale id back to life after 2^32 reuses: 2.4 hours at the
+  // ~500,000 pairs per second measured. What retiring costs: one slot (a
+  // few dozen bytes) per 2^32 - 1 frees — about 3,700 slots a year of such a
+  // loop — and the 2^24 slot indices last 2^56 frees, some 4,500 years at
+  // that rate (then Reserve says so, RESOURCE_EXHAUSTED). Free slots stay
+  // last-in-first-out: the slot reused is the one in cache.
   void Free(Slot& s, uint64_t slot) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     s.value.reset();
-    // Generation 0 is never issued; after 2^32 - 1 reuses, wrap to 1.
-    s.generation = s.generation == kGenerationMask ? 1 : s.generation + 1;
-    free_.push_back(slot);
+    ++s.generation;
+    if (s.generation <= kGenerationMask) free_.push_back(slot);
     --in_use_;
   }
 

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 #include <limits>
 #include <utility>
 
 #include "common/cpu_relax.h"
+#include "logging/log.h"
 
 namespace tpushim {
 namespace transfer_internal {
@@ -17,6 +19,21 @@ int64_t SteadyNanos() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(
              std::chrono::steady_clock::now().time_since_epoch())
       .count();
+}
+
+// Runs `fn`; an exception it throws is logged at ERROR and goes no further.
+template <typename F>
+void RunCatching(F&& fn) noexcept {
+  try {
+    std::forward<F>(fn)();
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "An event callback threw an exception, ignored (callbacks "
+                  "must not throw): "
+               << e.what();
+  } catch (...) {
+    LOG(ERROR) << "An event callback threw an exception that is not a "
+                  "std::exception, ignored (callbacks must not throw)";
+  }
 }
 
 }  // namespace
@@ -54,7 +71,7 @@ void CallbackExecutor::Drain() {
       absl::AnyInvocable<void()&&> fn = std::move(queue_.front());
       queue_.pop_front();
       mu_.Unlock();
-      std::move(fn)();
+      RunCatching(std::move(fn));
       executed_.fetch_add(1, std::memory_order_relaxed);
       mu_.Lock();
     }
@@ -72,7 +89,7 @@ void CallbackExecutor::Loop() {
     queue_.pop_front();
     running_ = true;
     mu_.Unlock();
-    std::move(fn)();
+    RunCatching(std::move(fn));
     executed_.fetch_add(1, std::memory_order_relaxed);
     mu_.Lock();
     running_ = false;
@@ -104,7 +121,7 @@ bool EventState::Resolve(absl::Status status) {
         std::move(cb)(std::move(s));
       });
     } else {
-      std::move(cb)(status_);
+      RunCatching([&] { std::move(cb)(status_); });
     }
   }
   return true;
@@ -180,7 +197,9 @@ void EventState::AddCallback(
       return;
     }
   }
-  std::move(callback)(status_);
+  // As on the callback thread: what the callback throws is logged, and
+  // the caller goes on.
+  RunCatching([&] { std::move(callback)(status_); });
 }
 
 void EventState::AddContinuation(

@@ -30,7 +30,9 @@ namespace tpushim {
 
 namespace transfer_internal {
 
-// Runs callbacks, in FIFO order, on one thread of its own.
+// Runs callbacks, in FIFO order, on one thread of its own. A callback
+// that throws has its exception logged at ERROR and dropped; the thread
+// goes on with the next.
 class CallbackExecutor {
  public:
   CallbackExecutor();
@@ -97,6 +99,8 @@ class EventState {
 
   absl::Status Await();
   std::optional<absl::Status> AwaitWithTimeout(absl::Duration timeout);
+  // Wherever `callback` runs (the executor, or inline when the event is
+  // ready), an exception it throws is logged at ERROR and goes no further.
   void AddCallback(absl::AnyInvocable<void(absl::Status) &&> callback);
   // Engine-internal continuation: runs inline on the resolving thread (a
   // DMA thread, typically), so it must be short and must not block. Runs

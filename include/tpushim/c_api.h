@@ -66,7 +66,7 @@
  *
  * Thread-safety: every function may be called from any thread, at any
  * time, concurrently with any other, including from event callbacks
- * (except System_Destroy of the system whose callback it is; see there).
+ * (except System_Destroy, of any system; see there).
  *
  * fork(): a child inherits the handles but not the system. The region,
  * the bounce pool and the devices' memory are not inherited
@@ -303,9 +303,15 @@ typedef TpuShim_Error* TpuShim_System_Create_Fn(
  * process exits: one still alive then is not torn down.
  *
  * Errors: INVALID_ARGUMENT for a bad system handle (a second destroy
- * included); FAILED_PRECONDITION when called from a callback running on
- * the system's own callback thread (a system cannot be destroyed from its
- * own callbacks), in which case nothing is destroyed. */
+ * included); FAILED_PRECONDITION when called from an event callback
+ * running on the callback thread of any system (this one or another), in
+ * which case nothing is destroyed: destroying a system waits for its
+ * callbacks, so from its own callback it would wait for itself, and two
+ * systems destroying each other from their callbacks would wait for each
+ * other forever. Destroy systems from a thread of your own (one the
+ * callback signals, say). A callback run at once by Event_AddCallback
+ * (its event was ready) runs on the caller's thread, and counts as a
+ * callback only if that thread is a callback thread. */
 typedef struct TpuShim_System_Destroy_Args {
   size_t struct_size;
   TpuShim_System system; /* in */

@@ -70,7 +70,10 @@ struct Allocation;
 // thread and never under an engine lock — in the order callbacks became
 // runnable. A callback added to an event that is already ready runs at
 // once on the calling thread. Callbacks should be short: they share one
-// thread. They may call back into the system (Shutdown included).
+// thread. They may call back into the system (Shutdown included). They
+// should not throw: an exception a callback throws is logged at ERROR and
+// dropped, on either thread (it never reaches AddCallback's caller), and
+// the callbacks after it still run.
 //
 // Awaiting a small transfer polls for a few microseconds before it sleeps,
 // so it does not pay a thread wake-up.

@@ -1686,6 +1686,81 @@ TEST_P(CApiConformanceTest, CallbackMayCallBackInButNotDestroyItsSystem) {
   EXPECT_TRUE(DestroySystem(s).ok());
 }
 
+// One of two systems' callbacks: once both run, destroys the other system.
+struct MutualDestroyState {
+  const TpuShim_Api* api;
+  TpuShim_System other;
+  std::atomic<int>* running;  // callbacks started, of both systems
+  std::atomic<int> code{-1};
+  std::string message;
+  Counter done;
+};
+
+void DestroyTheOtherSystemCallback(TpuShim_Error* status, void* user_arg) {
+  auto* st = static_cast<MutualDestroyState*>(user_arg);
+  st->api->Error_Destroy(status);
+  st->running->fetch_add(1);
+  // Both callbacks at once, each on its own system's callback thread (a
+  // bounded wait: the outcome, not a time, is checked).
+  for (int i = 0; i < 10'000 && st->running->load() < 2; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  TpuShim_System_Destroy_Args a{};
+  a.struct_size = TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE;
+  a.system = st->other;
+  TpuShim_Error* e = st->api->System_Destroy(&a);
+  st->message = st->api->Error_Message(e);
+  st->code = st->api->Error_Code(e);
+  st->api->Error_Destroy(e);
+  st->done.Add(0);
+}
+
+// Two systems whose callbacks destroy each other would each wait for the
+// other's callback forever: no callback may destroy any system
+// (FAILED_PRECONDITION, nothing destroyed). Run in a fork() child that the
+// test kills after 20 s, so that a deadlock fails this test, not the run.
+TEST_P(CApiConformanceTest, CallbacksOfTwoSystemsCannotDestroyEachOther) {
+  const testutil::ForkResult r = testutil::RunForkedChild([&] {
+    const TpuShim_System a = NewSystem(SmallOptions(kSlowDevice));
+    const TpuShim_System b = NewSystem(SmallOptions(kSlowDevice));
+    const TpuShim_DeviceBuffer da = NewDevice(a, 1 * kMiB);
+    const TpuShim_DeviceBuffer db = NewDevice(b, 1 * kMiB);
+    std::vector<char> host(256 * kKiB, 4);
+    std::atomic<int> running{0};
+    MutualDestroyState on_a;
+    on_a.api = api_;
+    on_a.other = b;
+    on_a.running = &running;
+    MutualDestroyState on_b;
+    on_b.api = api_;
+    on_b.other = a;
+    on_b.running = &running;
+    const TpuShim_Event ea = ToDevice(a, host.data(), da, 0, host.size());
+    const TpuShim_Event eb = ToDevice(b, host.data(), db, 0, host.size());
+    bool ready = true;
+    if (!IsReady(ea, &ready).ok() || ready) return 10;  // must be pending
+    if (!IsReady(eb, &ready).ok() || ready) return 10;
+    if (!AddCallback(ea, DestroyTheOtherSystemCallback, &on_a).ok() ||
+        !AddCallback(eb, DestroyTheOtherSystemCallback, &on_b).ok()) {
+      return 11;
+    }
+    if (!on_a.done.WaitFor(1) || !on_b.done.WaitFor(1)) return 12;
+    for (const MutualDestroyState* st : {&on_a, &on_b}) {
+      if (st->code != TPUSHIM_CODE_FAILED_PRECONDITION) return 13;
+      if (st->message.find("callback thread of another system") ==
+              std::string::npos ||
+          st->message.find("Nothing was destroyed") == std::string::npos) {
+        return 14;
+      }
+    }
+    // Both systems live on, and go from this (not a callback) thread.
+    if (!DeviceCount(a).ok() || !DeviceCount(b).ok()) return 15;
+    if (!DestroySystem(a).ok() || !DestroySystem(b).ok()) return 16;
+    return 0;
+  });
+  EXPECT_TRUE(r.Exited(0)) << r.Describe();
+}
+
 // ---- System_Destroy
 // -----------------------------------------------------------
 
@@ -2282,6 +2357,45 @@ TEST_P(TpushimCApiTest, AFullEventTableRefusesACallBeforeItQueuesAnything) {
   ASSERT_TRUE(DestroyEvent(down).ok());
   EXPECT_TRUE(Deallocate(s, b).ok());
   EXPECT_TRUE(Deallocate(s, a).ok());
+}
+
+// Handle generations never wrap: a slot freed at its last generation
+// (2^32 - 1) retires, so a loop of create/destroy, which reuses one slot,
+// never gets an id the slot issued before (a stale handle of it would
+// match the live one). The test starts the slot at its last generation
+// through the adapter's test seam instead of 2^32 reuses.
+TEST_P(TpushimCApiTest,
+       AStaleHandleNeverMatchesALiveOneAfterTheLastGeneration) {
+  const TpuShim_System s = NewSystem();
+  const TpuShim_DeviceBuffer d = NewDevice(s, 4096);
+  constexpr uint64_t kGenerationMask = 0xFFFFFFFF;
+  auto slot_of = [](TpuShim_Event e) { return e.id & ~kGenerationMask; };
+  const TpuShim_Event first = ReadyEvent(s, d);
+  ASSERT_TRUE(DestroyEvent(first).ok());
+  ASSERT_TRUE(capi_internal::SetEventSlotGenerationForTesting(first.id,
+                                                              kGenerationMask));
+  // Freed slots are reused last first: the next event takes that slot.
+  const TpuShim_Event last = ReadyEvent(s, d);
+  ASSERT_EQ(last.id, slot_of(first) | kGenerationMask);
+  ASSERT_TRUE(DestroyEvent(last).ok());
+
+  // The slot issued generation 1 (and every one up to first's) before.
+  const TpuShim_Event stale{slot_of(first) | 1};
+  for (int i = 0; i < 3; ++i) {
+    const TpuShim_Event e = ReadyEvent(s, d);
+    EXPECT_NE(slot_of(e), slot_of(first))
+        << "the slot of 0x" << std::hex << last.id
+        << " issued an id again after its last generation: 0x" << e.id;
+    for (const TpuShim_Event old : {stale, first, last}) {
+      bool ready = false;
+      const Result r = IsReady(old, &ready);
+      EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT) << std::hex << old.id;
+      EXPECT_THAT(r.message, HasSubstr("stale")) << std::hex << old.id;
+    }
+    ASSERT_TRUE(DestroyEvent(e).ok());
+  }
+  // A retired slot's generation is out of the seam's reach too.
+  EXPECT_FALSE(capi_internal::SetEventSlotGenerationForTesting(last.id, 2));
 }
 
 INSTANTIATE_TEST_SUITE_P(Tpushim, TpushimCApiTest,

@@ -12,6 +12,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -21,7 +22,9 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/testing/scoped_test_logging.h"
 
 namespace tpushim {
 namespace {
@@ -652,6 +655,88 @@ TEST(CallbackExecutorTest, DestructionRunsEventCallbacksQueuedByResolve) {
     release.Notify();
   }
   EXPECT_EQ(ran.load(), 10);
+}
+
+// ---- Callbacks that throw --------------------------------------------------
+//
+// A callback's exception is logged at ERROR and dropped, wherever the
+// callback runs: the callback thread goes on with the next callback, and a
+// caller adding a callback to a ready event sees no exception.
+
+TEST(ThrowingCallbackTest, OnAPendingEventIsLoggedAndLaterCallbacksRun) {
+  testutil::ScopedTestLogging logs;
+  std::atomic<int> ran{0};
+  {
+    CallbackExecutor executor;
+    auto state = std::make_shared<EventState>(&executor);
+    state->AddCallback(
+        [](absl::Status) { throw std::runtime_error("pending boom"); });
+    state->AddCallback([](absl::Status) { throw 42; });
+    state->AddCallback([&](absl::Status s) {
+      if (s.ok()) ran.fetch_add(1);
+    });
+    ASSERT_TRUE(state->Resolve(absl::OkStatus()));
+    executor.Drain();
+    EXPECT_EQ(ran.load(), 1);
+    EXPECT_EQ(executor.executed(), 3u);
+    // The thread still runs what comes next.
+    executor.Post([&] { ran.fetch_add(1); });
+    executor.Drain();
+    EXPECT_EQ(ran.load(), 2);
+  }
+  const std::string errors = logs.File("ERROR");
+  EXPECT_THAT(errors, ::testing::HasSubstr(
+                          "An event callback threw an exception, ignored "
+                          "(callbacks must not throw): pending boom"));
+  EXPECT_THAT(errors, ::testing::HasSubstr("not a std::exception"));
+}
+
+TEST(ThrowingCallbackTest, OnAReadyEventIsLoggedAndNotThrownToTheCaller) {
+  testutil::ScopedTestLogging logs;
+  CallbackExecutor executor;
+  auto state = std::make_shared<EventState>(&executor);
+  ASSERT_TRUE(state->Resolve(absl::OkStatus()));
+  int ran = 0;
+  EXPECT_NO_THROW(state->AddCallback(
+      [](absl::Status) { throw std::runtime_error("ready boom"); }));
+  state->AddCallback([&](absl::Status s) { ran += s.ok() ? 1 : 0; });
+  EXPECT_EQ(ran, 1);
+  // The public handle behaves the same.
+  const Event ready = Event::Ready(absl::InternalError("failed"));
+  EXPECT_NO_THROW(ready.AddCallback(
+      [](absl::Status) { throw std::runtime_error("public boom"); }));
+  const std::string errors = logs.File("ERROR");
+  EXPECT_THAT(errors, ::testing::HasSubstr("ignored (callbacks must not "
+                                           "throw): ready boom"));
+  EXPECT_THAT(errors, ::testing::HasSubstr("public boom"));
+}
+
+// Drain called from a callback runs the queued callbacks itself: one that
+// throws there is logged too, and Drain finishes the queue and returns
+// with its lock as it should be.
+TEST(ThrowingCallbackTest, InADrainFromACallbackIsLoggedAndTheRestRun) {
+  testutil::ScopedTestLogging logs;
+  std::atomic<int> ran{0};
+  std::atomic<bool> drained{false};
+  Notification release;  // outlives ~CallbackExecutor
+  {
+    CallbackExecutor executor;
+    executor.Post([&] {
+      release.WaitForNotificationWithTimeout(absl::Seconds(5));
+      executor.Drain();  // runs the two below, here
+      drained = true;
+    });
+    executor.Post([] { throw std::runtime_error("drained boom"); });
+    executor.Post([&] { ran.fetch_add(1); });
+    release.Notify();
+    executor.Drain();
+    EXPECT_TRUE(drained.load());
+    EXPECT_EQ(ran.load(), 1);
+    executor.Post([&] { ran.fetch_add(1); });
+    executor.Drain();
+    EXPECT_EQ(ran.load(), 2);
+  }
+  EXPECT_THAT(logs.File("ERROR"), ::testing::HasSubstr("drained boom"));
 }
 
 TEST(CallbackExecutorTest, IdleDestructionIsPrompt) {
