@@ -260,14 +260,19 @@ absl::StatusOr<Workload> WorkloadFromJson(const Json& json, Workload w) {
       if (!d.ok()) return d.status();
       w.transfer_sizes = *std::move(d);
     } else if (key == "directions") {
-      if (!value.is_array() || value.empty()) {
-        return KeyError(
-            key, "must be a non-empty array of \"h2d\", \"d2h\", \"d2d\"");
-      }
+      // An array (["h2d", "d2h"]) or the command line's form ("h2d,d2h").
       std::vector<std::string> names;
-      for (const Json& v : value) {
-        if (!v.is_string()) return KeyError(key, "must hold strings");
-        names.push_back(v.get<std::string>());
+      if (value.is_string() && !value.get<std::string>().empty()) {
+        names.push_back(value.get<std::string>());
+      } else if (value.is_array() && !value.empty()) {
+        for (const Json& v : value) {
+          if (!v.is_string()) return KeyError(key, "must hold strings");
+          names.push_back(v.get<std::string>());
+        }
+      } else {
+        return KeyError(key,
+                        "must be a non-empty array of \"h2d\", \"d2h\", "
+                        "\"d2d\" or a string like \"h2d,d2h\"");
       }
       absl::StatusOr<std::vector<DmaDirection>> d = ParseDirectionList(
           absl::StrJoin(names, ","), "workload \"directions\"");

@@ -10,6 +10,7 @@
 //
 //   {"transfer_sizes": "loguniform:64K-64M",  size distribution, see below
 //    "directions": ["h2d", "d2h"],            of h2d, d2h, d2d; uniform mix
+//                                             (or "h2d,d2h", as the flag)
 //    "streams": 2,                            concurrent transfer streams
 //    "devices": 1,                            null: TPUSHIM_DEVICE's count
 //    "link_gbps": null, "latency_us": null,   sim link model; null: keep
