@@ -15,9 +15,26 @@
 #include "common/status_macros.h"
 #include "env/fork_guard.h"
 #include "env/host_facts.h"
+#include "env/mapping_facts.h"
 #include "logging/log.h"
 
 namespace tpushim {
+namespace {
+
+// Whether an mlock call that succeeded took: the mapping carries the lock
+// flag (a sanitizer runtime's mlock returns success and does nothing).
+// OK when it did, or when the flags cannot be read (the call's word is
+// all there is).
+absl::Status LockTook(Os& os, const MappedRange& range) {
+  absl::StatusOr<MappingFacts> facts =
+      ReadMappingFacts(os, range.start, range.length);
+  if (!facts.ok() || facts->lock_flag) return absl::OkStatus();
+  return absl::FailedPreconditionError(
+      "mlock() of the premapped region succeeded, but the kernel does not "
+      "hold the mapping locked");
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
     const Options& options, Os* os, FaultInjector* faults,
@@ -43,11 +60,15 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   TPUSHIM_ASSIGN_OR_RETURN(HostFacts facts, ReadHostFacts(*os));
   const MlockMode mlock_mode = options.mlock.value;
   bool try_mlock = mlock_mode != MlockMode::kOff;
+  absl::Status lock_error;  // why the region will not be locked
   for (const HostClash& clash : CheckOptionsAgainstHost(options, facts)) {
     if (clash.level == HostClash::Level::kError) return clash.ToStatus();
     LOG(WARNING) << clash.message;
     // The one warning: the memlock limit is too small to pin the region.
-    if (clash.check == HostClash::Check::kMemlock) try_mlock = false;
+    if (clash.check == HostClash::Check::kMemlock) {
+      try_mlock = false;
+      lock_error = clash.ToStatus();
+    }
   }
   const std::optional<int>& explicit_node = options.numa_node.value;
   int node = explicit_node
@@ -106,8 +127,11 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
   // 4. Pin: lock on fault, so the pre-fault threads lock each page as they
   // populate it; a separate mlock() pass after pre-faulting would walk the
   // whole region again on one thread (0.4 s for 4 GiB of THP here).
-  Prepared prepared{
-      .range = range, .size = size, .node = node, .start_ns = start_ns};
+  Prepared prepared{.range = range,
+                    .size = size,
+                    .node = node,
+                    .lock_error = lock_error,
+                    .start_ns = start_ns};
   if (try_mlock) {
     absl::Status pinned =
         os->Mlock(range.start, range.length, Os::LockWhen::kOnFault);
@@ -120,6 +144,10 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
       LOG(WARNING) << "mlock() of the premapped region failed: " << pinned
                    << "; continuing unpinned (TPUSHIM_MLOCK=required makes "
                       "this an error, =off skips it)";
+      prepared.lock_error =
+          absl::Status(pinned.code(),
+                       absl::StrCat("mlock() of the premapped region failed: ",
+                                    pinned.message()));
     }
   }
   {
@@ -141,6 +169,15 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
       new PremappedRegion(os, prepared, std::move(allocator)));
   if (background) {
     region->background_ = std::make_unique<Background>();
+    // Locked on fault is locked: every page the premapping threads
+    // populate is locked as it comes, so the region is locked from now on
+    // if the lock took.
+    if (prepared.locked) {
+      const absl::Status took = LockTook(*os, range);
+      MutexLock lock(&region->mu_);
+      region->stats_.locked = took.ok();
+      region->stats_.lock_error = took;
+    }
     return region;
   }
 
@@ -184,6 +221,7 @@ PremappedRegion::PremappedRegion(Os* os, const Prepared& prepared,
   stats_.numa_policy = "unknown";
   stats_.prefault_threads = prepared.threads;
   stats_.lock_requested = prepared.locked;
+  stats_.lock_error = prepared.lock_error;
 }
 
 absl::Status PremappedRegion::Populate(
@@ -266,6 +304,14 @@ absl::Status PremappedRegion::Populate(
     stats_.numa_nodes = seen.numa_nodes;
     stats_.locked_bytes = seen.locked_bytes;
     stats_.locked = seen.locked_bytes >= range.length;
+    if (prepared_.locked && !stats_.locked) {
+      stats_.lock_error = absl::FailedPreconditionError(absl::StrCat(
+          "mlock() of the premapped region succeeded, but the kernel holds "
+          "only ",
+          seen.locked_bytes, " of its ", range.length, " bytes locked"));
+    } else if (stats_.locked) {
+      stats_.lock_error = absl::OkStatus();
+    }
     stats_.startup_time = elapsed;
     stats_.premapped = true;
   }
@@ -398,6 +444,8 @@ PremappedRegion::Stats PremappedRegion::GetStats() const {
   stats.allocator = allocator_->GetStats();
   stats.background = background_ != nullptr;
   stats.ready_bytes = stats.allocator.ready_bytes;
+  // Until it is read back: what is premapped of a region locked on fault.
+  if (!stats.premapped && stats.locked) stats.locked_bytes = stats.ready_bytes;
   return stats;
 }
 

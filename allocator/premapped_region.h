@@ -57,6 +57,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/time/time.h"
@@ -87,8 +88,23 @@ class PremappedRegion {
     std::vector<int> numa_nodes;  // nodes its pages were found on
     int prefault_threads = 0;
     bool lock_requested = false;  // the mlock call succeeded
-    uint64_t locked_bytes = 0;    // bytes the kernel holds locked
-    bool locked = false;          // all of it
+    // Whether the kernel holds the region locked, true at every moment:
+    // the lock took (read back from the mapping's flags, so that an mlock
+    // a sanitizer runtime swallows does not count) and, once the region
+    // is premapped, the kernel holds all of it locked. Locked-on-fault is
+    // locked: while a background region is premapped, each page is locked
+    // as it is populated, so the region is locked from Create on.
+    bool locked = false;
+    // Bytes the kernel holds resident and locked: read back once the
+    // region is premapped; before that (a background region being
+    // premapped, or one whose premapping stopped short) the premapped
+    // prefix, each page of which was locked as it was populated.
+    uint64_t locked_bytes = 0;
+    // Why the region is not locked: the memlock limit that kept the lock
+    // from being tried, the failed mlock call's status, or what the kernel
+    // holds after a call that succeeded. OK when it is locked and under
+    // TPUSHIM_MLOCK=off (which does not try).
+    absl::Status lock_error;
     // Until "Done allocating premapped memory": for a background region,
     // until the whole region was premapped (zero while it is not).
     absl::Duration startup_time;
@@ -177,7 +193,9 @@ class PremappedRegion {
     MappedRange range;
     uint64_t size = 0;
     int node = 0;
-    bool locked = false;
+    bool locked = false;  // the mlock call succeeded
+    // Why not: see Stats::lock_error.
+    absl::Status lock_error;
     int mlock_syscalls = 0;
     int threads = 1;
     int64_t start_ns = 0;

@@ -594,6 +594,8 @@ SystemStats System::GetStats() const {
     s.region.prefault_threads = r.prefault_threads;
     s.region.locked_bytes = r.locked_bytes;
     s.region.locked = r.locked;
+    s.region.lock_error =
+        r.lock_error.ok() ? std::string() : r.lock_error.ToString();
     s.region.startup_time = r.startup_time;
     s.region.background = r.background;
     s.region.ready_bytes = r.ready_bytes;

@@ -101,8 +101,19 @@ struct RegionStats {
   int numa_node = 0;        // where its pages are
   std::string numa_policy;  // "bind", "default", ... or "unknown"
   int prefault_threads = 0;
-  uint64_t locked_bytes = 0;  // bytes the kernel holds locked
-  bool locked = false;        // all of the region
+  // Whether the kernel holds the region locked (mlock): the lock took and,
+  // once the region is premapped, covers all of it. Locked-on-fault counts:
+  // with TPUSHIM_PREMAP=background the region is locked from creation on,
+  // each page as it is populated.
+  bool locked = false;
+  // Bytes the kernel holds resident and locked: read back once premapped;
+  // until then the premapped prefix (`ready_bytes`) of a locked region.
+  uint64_t locked_bytes = 0;
+  // Why the region is not locked, with the status of what stopped it: the
+  // memlock limit, the failed mlock call, or what the kernel holds after a
+  // call that succeeded ("" when it is locked, and under
+  // TPUSHIM_MLOCK=off, which does not try).
+  std::string lock_error;
   // Until the region was premapped (with TPUSHIM_PREMAP=background, after
   // System::Create returned; zero until then).
   absl::Duration startup_time;

@@ -371,6 +371,12 @@ TEST(BackgroundPremapTest, CreateReturnsBeforeAnyPageIsPopulated) {
   EXPECT_TRUE(stats.background);
   EXPECT_FALSE(stats.premapped);
   EXPECT_EQ(stats.startup_time, absl::ZeroDuration());
+  // Locked on fault is locked (tests run as root, with CAP_IPC_LOCK):
+  // nothing resident yet, every page locked as it comes.
+  EXPECT_TRUE(stats.lock_requested);
+  EXPECT_TRUE(stats.locked);
+  EXPECT_TRUE(stats.lock_error.ok()) << stats.lock_error;
+  EXPECT_EQ(stats.locked_bytes, 0u);
   // Start-up lines up to the alignment, none of the premapping ones yet.
   const std::string info = logs.File("INFO");
   EXPECT_THAT(info, HasSubstr("Premapped buffer is using alignment 64"));
@@ -410,6 +416,7 @@ TEST(BackgroundPremapTest, CreateReturnsBeforeAnyPageIsPopulated) {
   stats = r.GetStats();
   EXPECT_TRUE(stats.premapped);
   EXPECT_TRUE(stats.locked);
+  EXPECT_EQ(stats.locked_bytes, 16 * kMiB);
   EXPECT_GT(stats.startup_time, absl::ZeroDuration());
   EXPECT_TRUE(stats.premap_error.ok());
   const std::string after = logs.File("INFO");

@@ -25,6 +25,7 @@ void PrintTo(HugePagesMode mode, std::ostream* os) {
 
 namespace {
 
+using ::testing::AllOf;
 using ::testing::HasSubstr;
 using ::testing::Not;
 
@@ -355,8 +356,37 @@ TEST(PremappedRegionTest, SmallMemlockLimitWarnsAndRunsUnpinned) {
   absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
       PremappedRegion::Create(Resolve(host, Size(4 * kMiB)), &os, nullptr);
   ASSERT_TRUE(region.ok()) << region.status();
-  EXPECT_FALSE((*region)->GetStats().locked);
+  const PremappedRegion::Stats stats = (*region)->GetStats();
+  EXPECT_FALSE(stats.locked);
+  // It remembers why: the limit, with what to do about it.
+  EXPECT_EQ(stats.lock_error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(stats.lock_error.message(),
+              HasSubstr("RLIMIT_MEMLOCK soft limit of 65536 (64.0K)"));
   EXPECT_EQ(host.mlock_calls, 0);
+  EXPECT_EQ(os.locked_bytes(), 0u);
+}
+
+// A failed mlock call is remembered with its status (the start-up WARNING's
+// cause), not guessed from the memlock limit.
+TEST(PremappedRegionTest, FailedMlockIsRememberedWithItsStatus) {
+  testutil::ScopedTestLogging logs;
+  FakeHostOs host(Os::Default());
+  host.ipc_lock = true;
+  absl::StatusOr<FaultSpec> spec = ParseFaultSpec("mlock:nth=1");
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  FaultInjector faults(*spec);
+  FaultInjectingOs os(&host, &faults);
+  absl::StatusOr<std::unique_ptr<PremappedRegion>> region =
+      PremappedRegion::Create(Resolve(host, Size(4 * kMiB)), &os, nullptr);
+  ASSERT_TRUE(region.ok()) << region.status();
+  const PremappedRegion::Stats stats = (*region)->GetStats();
+  EXPECT_FALSE(stats.lock_requested);
+  EXPECT_FALSE(stats.locked);
+  EXPECT_EQ(stats.lock_error.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(stats.lock_error.message(),
+              AllOf(HasSubstr("mlock() of the premapped region failed: "),
+                    HasSubstr("[injected: mlock:nth=1]"),
+                    Not(HasSubstr("CAP_IPC_LOCK"))));
   EXPECT_EQ(os.locked_bytes(), 0u);
 }
 
@@ -383,6 +413,7 @@ TEST(PremappedRegionTest, MlockOffNeverLocks) {
       PremappedRegion::Create(Resolve(host, o), &host, nullptr);
   ASSERT_TRUE(region.ok());
   EXPECT_FALSE((*region)->GetStats().locked);
+  EXPECT_TRUE((*region)->GetStats().lock_error.ok());  // nothing failed
   EXPECT_EQ(host.mlock_calls, 0);
 }
 

@@ -124,6 +124,10 @@ TEST(RegionPagesTest, LockedBytesAreWhatTheKernelHolds) {
   const PremappedRegion::Stats s = (*region)->GetStats();
   EXPECT_EQ(s.locked_bytes, 0u);
   EXPECT_FALSE(s.locked);
+  EXPECT_EQ(s.lock_error.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(s.lock_error.message(),
+              HasSubstr("mlock() of the premapped region succeeded, but the "
+                        "kernel holds only 0 of its 8388608 bytes locked"));
   EXPECT_THAT(logs.File("INFO"), Not(HasSubstr("mlock()-ed")));
   EXPECT_THAT(logs.File("WARNING"),
               HasSubstr("mlock() of the premapped region succeeded, but the "

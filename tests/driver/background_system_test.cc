@@ -142,6 +142,32 @@ TEST(BackgroundSystemTest, CreateReturnsFirstAndTheLinesFollow) {
       "");
 }
 
+// Locked on fault is locked: right after creation, before any page is
+// populated, the region reads locked (tests run as root, with
+// CAP_IPC_LOCK), its locked bytes grow with what is premapped, and it
+// stays locked once premapped.
+TEST(BackgroundSystemTest, RegionIsLockedFromCreateOn) {
+  ScopedTestLogging logs;
+  GatedOs os;
+  os.gate_closed = true;
+  absl::StatusOr<std::unique_ptr<System>> system =
+      SystemFactory::Create(Background(), &os);
+  ASSERT_TRUE(system.ok()) << system.status();
+  SystemStats stats = (*system)->GetStats();
+  EXPECT_FALSE(stats.region.premapped);
+  EXPECT_TRUE(stats.region.locked);
+  EXPECT_EQ(stats.region.lock_error, "");
+  EXPECT_EQ(stats.region.locked_bytes, 0u);
+
+  os.gate_closed = false;
+  ASSERT_TRUE((*system)->AwaitPremapped().ok());
+  stats = (*system)->GetStats();
+  EXPECT_TRUE(stats.region.premapped);
+  EXPECT_TRUE(stats.region.locked);
+  EXPECT_EQ(stats.region.lock_error, "");
+  EXPECT_EQ(stats.region.locked_bytes, 32 * kMiB);
+}
+
 TEST(BackgroundSystemTest, TransfersWhilePremappingArePinnedAndArrive) {
   ScopedTestLogging logs;
   GatedOs os;
