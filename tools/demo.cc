@@ -16,10 +16,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
-#include "common/human_bytes.h"
 #include "common/mutex.h"
 #include "env/device_url.h"
 #include "env/options.h"
@@ -100,26 +100,22 @@ struct DemoFlags {
   bool json = false;
 };
 
-// Why a region of `bytes` was left unlocked, and what to do about it. With
-// the default stderr level the start-up WARNING that says so never reaches
-// the terminal, so the summary says it.
-std::string NotLockedReason(const Options& options, uint64_t bytes, Os& os) {
+// Why the region was left unlocked, and what to do about it: what the
+// region remembers of it (the memlock limit that kept the lock from being
+// tried, the failed mlock call's status). With the default stderr level
+// the start-up WARNING that says so never reaches the terminal, so the
+// summary says it.
+std::string NotLockedReason(const Options& options, const RegionStats& region) {
   if (options.mlock.value == MlockMode::kOff) {
     return "TPUSHIM_MLOCK=off asks not to lock it.";
   }
-  absl::StatusOr<ResourceLimit> limit = os.GetMemlockLimit();
-  if (limit.ok() && limit->soft != ResourceLimit::kUnlimited &&
-      limit->soft < bytes) {
-    return absl::StrCat(
-        "the memlock limit (RLIMIT_MEMLOCK) is ",
-        BytesWithHumanReadable(limit->soft), ", below the region's ",
-        BytesWithHumanReadable(bytes),
-        ". Raise it (`ulimit -l unlimited` as root, LimitMEMLOCK=infinity in "
-        "a systemd unit, or a memlock line in /etc/security/limits.conf), or "
-        "give the process CAP_IPC_LOCK; its pages may be swapped out until "
-        "then.");
+  if (region.lock_error.empty()) {
+    return "mlock() did not lock it; tpu_driver.WARNING in the log directory "
+           "says why.";
   }
-  return "mlock() failed; tpu_driver.WARNING in the log directory says why.";
+  return absl::StrCat(region.lock_error,
+                      absl::EndsWith(region.lock_error, ".") ? "" : ".",
+                      " Its pages may be swapped out.");
 }
 
 void RunDemo(const DemoFlags& flags, CommandContext& context) {
@@ -251,8 +247,7 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
   summary.transfers = stats.transfers;
   summary.min_log_level = options->min_log_level.value;
   if (summary.premapped_bytes > 0 && !summary.region.locked) {
-    summary.not_locked_reason =
-        NotLockedReason(*options, summary.premapped_bytes, *context.os);
+    summary.not_locked_reason = NotLockedReason(*options, summary.region);
   }
   LOG(INFO) << "tpushim demo: done: " << summary.run.errors() << " errors, "
             << (summary.InputBound() ? "input-bound" : "not input-bound");
