@@ -246,6 +246,47 @@ TEST_F(DemoTest, RegionPagesAndWhyItIsNotLocked) {
             "TPUSHIM_MLOCK=off asks not to lock it.");
 }
 
+// With TPUSHIM_PREMAP=background the region is locked on fault from
+// creation on (tests run as root, with CAP_IPC_LOCK): the summary says
+// "mlocked" even when it is read before premapping has finished (no steps,
+// a region of 4 KiB pages populated by one thread).
+TEST_F(DemoTest, BackgroundRegionIsMlockedBeforeItIsPremapped) {
+  const std::vector<std::string> env = {
+      "TPU_PREMAPPED_BUFFER_SIZE=134217728", kTwoDevices,
+      "TPUSHIM_PREMAP=background", "TPUSHIM_HUGEPAGES=off",
+      "TPUSHIM_PREFAULT_THREADS=1"};
+  SubprocessResult r = RunTool({"demo", "--steps", "0"}, env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, AllOf(HasSubstr(", mlocked, NUMA node"),
+                           Not(HasSubstr("not mlocked"))));
+  r = RunTool({"demo", "--steps", "0", "--json"}, env);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Json j = ParseJson(r.out);
+  EXPECT_EQ(j["region"]["locked"], true);
+  EXPECT_TRUE(j["region"]["not_locked_reason"].is_null());
+}
+
+// A failed mlock() is reported with the failing call's status, not guessed
+// from the memlock limit: as root (CAP_IPC_LOCK held) an injected mlock
+// failure does not advise getting CAP_IPC_LOCK.
+TEST_F(DemoTest, WhyNotLockedNamesTheFailedCall) {
+  SubprocessResult r = RunSmall(WithJson({"demo", "--steps", "0"}),
+                                {"TPUSHIM_FAULTS=mlock:nth=1"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const Json j = ParseJson(r.out);
+  EXPECT_EQ(j["region"]["locked"], false);
+  ASSERT_TRUE(j["region"]["not_locked_reason"].is_string()) << r.out;
+  EXPECT_THAT(
+      j["region"]["not_locked_reason"].get<std::string>(),
+      AllOf(HasSubstr("mlock() of the premapped region failed: "),
+            HasSubstr("[injected: mlock:nth=1]"),
+            Not(HasSubstr("CAP_IPC_LOCK")), Not(HasSubstr("RLIMIT_MEMLOCK"))));
+  r = RunSmall({"demo", "--steps", "0"}, {"TPUSHIM_FAULTS=mlock:nth=1"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("The region is not mlocked: RESOURCE_EXHAUSTED: "
+                               "mlock() of the premapped region failed: "));
+}
+
 // With TPU_MIN_LOG_LEVEL=3 no INFO file is written: the summary does not
 // name one.
 TEST_F(DemoTest, LogsLineNamesOnlyAFileThatIsWritten) {

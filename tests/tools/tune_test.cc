@@ -249,6 +249,23 @@ TEST_F(TuneTest, RegionOffIsAPointThroughTheBouncePoolAndPinned) {
             off["peak_call_pinned_bytes"].get<uint64_t>() + (4u << 20));
 }
 
+// With TPUSHIM_PREMAP=background each point's region is locked on fault
+// from creation on (tests run as root, with CAP_IPC_LOCK): its points run
+// clean, count the region as pinned, and one is recommended.
+TEST_F(TuneTest, BackgroundPremappingPointsAreLockedAndRecommended) {
+  const Json j = RunJson({"--sizes", "8M,16M"}, 0,
+                         {"TPUSHIM_PREMAP=background", "TPUSHIM_HUGEPAGES=off",
+                          "TPUSHIM_PREFAULT_THREADS=1"});
+  ASSERT_EQ(j["points"].size(), 2u) << j.dump();
+  for (const Json& p : j["points"]) {
+    EXPECT_EQ(p["status"], "ok") << p.dump();
+    EXPECT_EQ(p["region_locked"], true) << p.dump();
+    EXPECT_GE(p["pinned_host_bytes"].get<uint64_t>(),
+              p["size_bytes"].get<uint64_t>());
+  }
+  EXPECT_FALSE(j["recommendation"].is_null()) << j["no_recommendation_reason"];
+}
+
 TEST_F(TuneTest, APointThatCannotStartIsReportedAndTheSweepGoesOn) {
   // 64 TiB is more than MemAvailable: the runtime refuses it before
   // touching memory.
