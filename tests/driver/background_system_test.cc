@@ -204,7 +204,9 @@ TEST(BackgroundSystemTest, TransfersWhilePremappingArePinnedAndArrive) {
   waiter.join();
   ASSERT_TRUE(s.AwaitPremapped().ok());
   EXPECT_EQ(s.GetStats().region.ready_waits, 1u);
-  EXPECT_GE(s.GetStats().region.ready_wait_time, absl::Milliseconds(50));
+  // Counted, not timed: the waiter may begin waiting after the 50 ms above
+  // began, so its wait can be shorter than that on a loaded machine.
+  EXPECT_GT(s.GetStats().region.ready_wait_time, absl::ZeroDuration());
 
   // Premapped: staged again.
   EXPECT_EQ(s.PathFor(host.data(), host.size()), TransferPath::kStaged);
