@@ -3,6 +3,7 @@
 #include <memory>
 #include <utility>
 
+#include "env/options.h"
 #include "fuzz/capi_sequence_internal.h"
 #include "fuzz/fuzz_check.h"
 #include "tpushim/c_api.h"
@@ -103,7 +104,8 @@ int32_t Program::PickSemantics() {
 }
 
 // IMMUTABLE_ONLY_DURING_CALL: the transfer is over when the call returns
-// unless it was staged host→device.
+// unless it was staged host→device (through the region or, with the region
+// off, the bounce pool).
 void Program::CheckReadyOnReturn(uint64_t event) {
   TpuShim_Event_IsReady_Args args = {};
   args.struct_size = TPUSHIM_EVENT_ISREADY_ARGS_STRUCT_SIZE;
@@ -168,8 +170,11 @@ void Program::ToDevice() {
     const bool zero_copy =
         op->host_buffer != 0 &&
         host_buffers_.at(op->host_buffer).system == system_id;
+    // Staged through the region's staging, or with the region off
+    // through the engine's bounce pool.
     const bool staged =
-        !zero_copy && system->region != 0 && op->size <= system->threshold;
+        !zero_copy && (system->region != 0 ? op->size <= system->threshold
+                                           : op->size <= kBounceMaxBytes);
     if (!staged) CheckReadyOnReturn(args.event.id);
   }
   Track(std::move(op), args.event.id);
