@@ -104,6 +104,7 @@ enum class Kind : uint8_t {
   kHostBuffer = 'H',
   kDeviceBuffer = 'D',
   kEvent = 'E',
+  kHostRegistration = 'R',
 };
 
 inline absl::string_view KindName(uint64_t tag) {
@@ -116,6 +117,8 @@ inline absl::string_view KindName(uint64_t tag) {
       return "TpuShim_DeviceBuffer";
     case Kind::kEvent:
       return "TpuShim_Event";
+    case Kind::kHostRegistration:
+      return "TpuShim_HostRegistration";
   }
   return "";
 }
@@ -372,6 +375,11 @@ struct HostBufferEntry {
   PinnedHostBuffer buffer;
 };
 
+struct HostRegistrationEntry {
+  uint64_t system_id = 0;
+  HostRegistration registration;
+};
+
 struct DeviceBufferEntry {
   uint64_t system_id = 0;
   DeviceBuffer buffer;
@@ -387,6 +395,8 @@ struct Tables {
   HandleTable<std::shared_ptr<HostBufferEntry>> host_buffers{Kind::kHostBuffer};
   HandleTable<DeviceBufferEntry> device_buffers{Kind::kDeviceBuffer};
   HandleTable<EventEntry> events{Kind::kEvent};
+  HandleTable<std::shared_ptr<HostRegistrationEntry>> host_registrations{
+      Kind::kHostRegistration};
 
   // fork() holds every table's lock, so that a child finds them consistent
   // and free whatever another thread was doing (pthread_atfork).
@@ -395,8 +405,10 @@ struct Tables {
     host_buffers.mu_.Lock();
     device_buffers.mu_.Lock();
     events.mu_.Lock();
+    host_registrations.mu_.Lock();
   }
   void UnlockAll() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    host_registrations.mu_.Unlock();
     events.mu_.Unlock();
     device_buffers.mu_.Unlock();
     host_buffers.mu_.Unlock();
@@ -549,6 +561,10 @@ TpuShim_Error* SystemGetDeviceMemoryStats(
 TpuShim_Error* TransferArrayToDevice(TpuShim_Transfer_ArrayToDevice_Args* args);
 TpuShim_Error* TransferArrayFromDevice(
     TpuShim_Transfer_ArrayFromDevice_Args* args);
+
+// 1.4: registered host memory (driver/c_api_registered.cc).
+TpuShim_Error* HostMemoryRegister(TpuShim_HostMemory_Register_Args* args);
+TpuShim_Error* HostMemoryUnregister(TpuShim_HostMemory_Unregister_Args* args);
 
 }  // namespace tpushim::capi_internal
 

@@ -166,6 +166,16 @@ void Engine::CompleteOp(Op& op) {
   if (op.start_ns != 0) {
     stats.active_ns.fetch_add(now - op.start_ns, std::memory_order_relaxed);
   }
+  if (op.registered) {
+    const int d = static_cast<int>(op.direction);
+    registered_transfers_[d].fetch_add(1, std::memory_order_relaxed);
+    if (status.ok()) {
+      registered_bytes_[d].fetch_add(op.size, std::memory_order_relaxed);
+    }
+  }
+  // The device is done with the caller's registered memory: an
+  // Unregister waiting for this transfer may go on.
+  op.registration.Reset();
   // Not ready for stats from here on (see events_not_ready_).
   events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
   op.event->Resolve(status);

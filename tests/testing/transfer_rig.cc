@@ -27,6 +27,9 @@ class AlignedDevice : public Device {
     info_.block_bytes = block_bytes;
   }
   const DeviceInfo& info() const override { return info_; }
+  void SetWindowAlignment(uint32_t alignment) {
+    info_.window_alignment = alignment;
+  }
   void SetCompletionSink(DmaCompletionSink* sink) override {
     device_->SetCompletionSink(sink);
   }
@@ -110,11 +113,14 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
   TPUSHIM_ASSIGN_OR_RETURN(
       rig->devices_,
       OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
-  if (params.host_alignment > 1 || params.block_bytes > 1) {
+  if (params.host_alignment > 1 || params.block_bytes > 1 ||
+      params.window_alignment > 1) {
     for (auto& d : rig->devices_) {
       d = std::make_unique<AlignedDevice>(std::move(d), params.host_alignment,
                                           params.block_bytes,
                                           rig->misaligned_dma_);
+      static_cast<AlignedDevice&>(*d).SetWindowAlignment(
+          params.window_alignment);
     }
   }
   std::vector<Device*> devices;

@@ -47,6 +47,9 @@ class TransferRig {
     // (as NVMe states its logical block): device buffers and the offsets
     // and sizes of transfers are multiples of it.
     uint32_t block_bytes = 1;
+    // > 1: every device states that registered host memory must lie on
+    // multiples of this (as vfio:// states its IOMMU page).
+    uint32_t window_alignment = 1;
     TransferEngine::Config engine{};
     // TPUSHIM_MEMORY_PROFILE: opened for the devices before the engine
     // starts, as System::Create does; "" = none.
