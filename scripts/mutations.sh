@@ -53,6 +53,7 @@ mutations=(
   'io-uring-pin :: env/posix/posix_os.cc :: pins != nullptr && hull.length() <= kMaxIoUringPin :: false :: os_test :: *Pin* :: caller memory is pinned with the kernel'"'"'s long-term pin'
   'fork-advice :: env/posix/fork_guard.cc :: os.Madvise(addr, length, MADV_DONTFORK) :: os.Madvise(addr, length, MADV_NORMAL) :: fork_test :: *ParentWrites*:*Sigsegv* :: a fork() child never shares the DMA memory: no copy-on-write for the parent'
   'bounce-routing :: transfer/engine_queues.cc :: if (bounce_ != nullptr && size > 0 && :: if (false && size > 0 && :: bounce_pool_test :: *SmallTransfers*:*ManyThreads* :: with the region off, small transfers go through the bounce pool instead of pinning'
+  'registered-range :: transfer/engine_queues.cc :: if (FindRegistrationLocked(host, size) != nullptr) { :: if (false) { :: host_registration_test :: *ZeroCopyWhateverTheSize*:*RegionOff*:*ArrayTransfers* :: transfers inside registered host memory are zero-copy whatever their size'
 )
 
 usage() {

@@ -101,9 +101,9 @@ absl::StatusOr<uint64_t> Engine::RegisterHostMemory(const void* data,
         "); register at least one byte of the caller's memory"));
   }
   if (begin + size < begin) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "RegisterHostMemory: the range at 0x", absl::Hex(begin), " of ", size,
-        " bytes wraps around the address space"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterHostMemory: the range at 0x", absl::Hex(begin),
+                     " of ", size, " bytes wraps around the address space"));
   }
   const uintptr_t end = begin + size;
   for (Device* dev : devices_) {
@@ -235,9 +235,8 @@ void Engine::TearDownRegistration(Registration& r) {
   for (size_t i = 0; i < r.windows.size(); ++i) {
     absl::Status s = devices_[i]->UnregisterHostWindow(r.windows[i]);
     if (!s.ok()) {
-      LOG(ERROR) << "Unmapping registered host memory "
-                 << Range(r.begin, r.end) << " from "
-                 << devices_[i]->info().name << ": " << s;
+      LOG(ERROR) << "Unmapping registered host memory " << Range(r.begin, r.end)
+                 << " from " << devices_[i]->info().name << ": " << s;
     }
   }
   r.windows.clear();
@@ -276,9 +275,9 @@ absl::Status Engine::UnregisterHostMemory(uint64_t id) {
                  ? absl::FailedPreconditionError(
                        "the transfer engine has been shut down (its host "
                        "memory registrations were released then)")
-                 : absl::InvalidArgumentError(absl::StrCat(
-                       "UnregisterHostMemory: ", id,
-                       " is not a live host memory registration"));
+                 : absl::InvalidArgumentError(
+                       absl::StrCat("UnregisterHostMemory: ", id,
+                                    " is not a live host memory registration"));
     }
     // No new transfer uses it from here on; wait for those that do.
     r->state = Registration::State::kClosing;

@@ -211,7 +211,7 @@ typedef enum TpuShim_Direction {
 
 /* The path a host<->device transfer took (see docs/transfers.md). */
 typedef enum TpuShim_TransferPath {
-  TPUSHIM_PATH_ZERO_COPY = 0, /* the host range is in the premapped region */
+  TPUSHIM_PATH_ZERO_COPY = 0, /* in the premapped region or a registration */
   TPUSHIM_PATH_STAGED = 1,    /* through transient premapped buffers */
   TPUSHIM_PATH_PINNED = 2     /* the caller's pages pinned for the transfer */
 } TpuShim_TransferPath;

@@ -49,8 +49,8 @@ constexpr int kToDevice = 0;
 constexpr int kFromDevice = 1;
 constexpr int kZeroCopy = static_cast<int>(TransferPath::kZeroCopy);
 
-OptionOverrides Options(uint64_t region, std::string device =
-                                             "sim://?devices=2&hbm=64M") {
+OptionOverrides Options(uint64_t region,
+                        std::string device = "sim://?devices=2&hbm=64M") {
   OptionOverrides o;
   o.premapped_buffer_size = region;
   o.device = std::move(device);
@@ -216,7 +216,7 @@ TEST(HostRegistrationTest, ArrayTransfersInsideAreZeroCopyWhenNothingMoves) {
   }
 }
 
-// ---- Named errors -------------------------------------------------------------
+// ---- Named errors -----------------------------------------------------------
 
 void ExpectInvalid(const absl::StatusOr<HostRegistration>& r,
                    const std::vector<std::string>& words) {
@@ -244,10 +244,10 @@ TEST(HostRegistrationTest, RefusesBadRangesAndChangesNothing) {
       system->RegisterHostMemory(mem.data(), kMiB);
   ASSERT_TRUE(first.ok()) << first.status();
   // Overlapping a registration: both ranges named.
-  ExpectInvalid(system->RegisterHostMemory(mem.data() + kMiB / 2, kMiB),
-                {"overlaps the registered range", Hex(mem.data()),
-                 Hex(mem.data() + kMiB), Hex(mem.data() + kMiB / 2),
-                 Hex(mem.data() + kMiB + kMiB / 2)});
+  ExpectInvalid(
+      system->RegisterHostMemory(mem.data() + kMiB / 2, kMiB),
+      {"overlaps the registered range", Hex(mem.data()), Hex(mem.data() + kMiB),
+       Hex(mem.data() + kMiB / 2), Hex(mem.data() + kMiB + kMiB / 2)});
   ExpectInvalid(system->RegisterHostMemory(mem.data() + 4096, 4096),
                 {"overlaps the registered range"});
   // The premapped region.
@@ -273,9 +273,8 @@ TEST(HostRegistrationTest, RefusesARangeTheDeviceCannotMapNamingTheAlignment) {
   ASSERT_TRUE(rig.ok()) << rig.status();
   TransferEngine& engine = (*rig)->engine();
   CallerMemory mem(64 * kKiB);
-  for (const auto& [at, n] : {std::pair<uint64_t, uint64_t>{64, 4096},
-                              {0, 4096 + 64},
-                              {0, 100}}) {
+  for (const auto& [at, n] :
+       {std::pair<uint64_t, uint64_t>{64, 4096}, {0, 4096 + 64}, {0, 100}}) {
     absl::StatusOr<uint64_t> r = engine.RegisterHostMemory(mem.data() + at, n);
     ASSERT_FALSE(r.ok());
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
@@ -333,7 +332,7 @@ TEST(HostRegistrationTest, APinThatFailsNamesTheMemlockLimitAndTheFix) {
   EXPECT_FALSE(IsExcludedFromFork(mem.data()));
 }
 
-// ---- Races and lifetimes -----------------------------------------------------
+// ---- Races and lifetimes ----------------------------------------------------
 
 // Unregister waits for the transfers inside the range, from several
 // threads at once, queued ones included: once it returns none is still
@@ -374,9 +373,9 @@ TEST(HostRegistrationTest, UnregisterWaitsForTheTransfersUsingTheRange) {
         absl::StatusOr<Event> up =
             system->TransferToDevice(slice, bufs[i], 0, kSlice);
         absl::StatusOr<Event> down =
-            up.ok() ? system->TransferFromDevice(bufs[i], 0, slice, kSlice,
-                                                 {*up})
-                    : up;
+            up.ok()
+                ? system->TransferFromDevice(bufs[i], 0, slice, kSlice, {*up})
+                : up;
         if (!Wait(down).ok()) failures.fetch_add(1);
       }
     });
@@ -515,7 +514,7 @@ TEST(HostRegistrationTest, AForkChildIsRefusedAndCannotTouchTheRange) {
   EXPECT_TRUE(inherited.Exited(0)) << inherited.Describe();
 }
 
-// ---- Fault sweep --------------------------------------------------------------
+// ---- Fault sweep ------------------------------------------------------------
 
 // Every injectable call that registering, a transfer inside the range and
 // unregistering make is failed in turn: each run ends OK or with exactly
@@ -527,8 +526,8 @@ TEST(HostRegistrationTest, EveryRegisterAndUnregisterCallFailsCleanly) {
   FaultInjectingOs os(&env, &injector);
   CallerMemory mem(kMiB);
   CallerMemory back(kMiB);
-  absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
-      injector, FaultPointSet::All(), [&](FaultSweepRun& run) {
+  absl::StatusOr<FaultSweepReport> report =
+      SweepEveryCall(injector, FaultPointSet::All(), [&](FaultSweepRun& run) {
         SCOPED_TRACE(run.Name());
         {
           absl::StatusOr<std::unique_ptr<System>> started =
@@ -544,8 +543,8 @@ TEST(HostRegistrationTest, EveryRegisterAndUnregisterCallFailsCleanly) {
           if (reg.ok()) {
             status = Wait(system.TransferToDevice(mem.data(), *buf, 0, kMiB));
             if (status.ok()) {
-              status = Wait(system.TransferFromDevice(*buf, 0, mem.data(),
-                                                      kMiB));
+              status =
+                  Wait(system.TransferFromDevice(*buf, 0, mem.data(), kMiB));
             }
             const absl::Status un = reg->Unregister();
             EXPECT_TRUE(un.ok()) << un;  // what fails there is logged
