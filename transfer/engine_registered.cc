@@ -43,7 +43,7 @@ std::shared_ptr<Registration> Engine::FindRegistrationLocked(
   --it;
   const Registration& r = *it->second;
   if (r.state != Registration::State::kLive || begin < r.begin ||
-      size > r.end - begin) {
+      begin >= r.end || size > r.end - begin) {
     return nullptr;
   }
   return it->second;

@@ -125,8 +125,13 @@ void ExpectZeroCopyInsideWhateverTheSize(uint64_t region) {
   EXPECT_EQ(reg->size(), mem.size());
   EXPECT_EQ(system->PathFor(mem.data(), mem.size()), TransferPath::kZeroCopy);
   EXPECT_EQ(system->PathFor(mem.data() + 100, 64), TransferPath::kZeroCopy);
-  // Not wholly inside: another path.
+  // Not wholly inside: another path. Memory past the end (as a buffer
+  // mapped above the registration is) is not inside either.
   EXPECT_NE(system->PathFor(mem.data() + mem.size() - 64, 128),
+            TransferPath::kZeroCopy);
+  EXPECT_NE(system->PathFor(mem.data() + mem.size(), 64),
+            TransferPath::kZeroCopy);
+  EXPECT_NE(system->PathFor(mem.data() + mem.size() + 8192, 64),
             TransferPath::kZeroCopy);
 
   SystemStats s = system->GetStats();
