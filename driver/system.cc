@@ -118,7 +118,10 @@ absl::Status HostRegistration::Unregister() {
   size_ = 0;
   ReaderMutexLock lock(&owner->mu);
   if (owner->engine == nullptr) return absl::OkStatus();  // system gone
-  return owner->engine->UnregisterHostMemory(id);
+  absl::Status s = owner->engine->UnregisterHostMemory(id);
+  // FAILED_PRECONDITION: the system is being destroyed, and its engine's
+  // shutdown released the registration (or is releasing it).
+  return absl::IsFailedPrecondition(s) ? absl::OkStatus() : s;
 }
 
 // Start-up progress: told by Create and, for a region premapped in the
@@ -231,18 +234,19 @@ struct System::Impl {
   absl::Duration init_time;
 
   ~Impl() {
-    // Registrations first: the unregisters running finish, later ones do
-    // nothing; the engine's shutdown releases what is left.
-    {
-      WriterMutexLock lock(&registrations->mu);
-      registrations->engine = nullptr;
-    }
     // Premapping behind the caller first (it extends the devices' windows
     // of the region), then the engine (it drains into the devices and the
     // region), then the region's buffers are orphaned, then devices and
     // region go.
     if (region) region->StopPremapping();
+    // The engine's shutdown releases the host memory registrations left
+    // (an Unregister running meanwhile finishes, as the transfers it waits
+    // for end or are cancelled); then later Unregisters find no engine.
     if (engine) engine->Shutdown();
+    {
+      WriterMutexLock lock(&registrations->mu);
+      registrations->engine = nullptr;
+    }
     engine.reset();
     {
       MutexLock lock(&owner->mu);

@@ -173,12 +173,12 @@ void Engine::CompleteOp(Op& op) {
       registered_bytes_[d].fetch_add(op.size, std::memory_order_relaxed);
     }
   }
-  // The device is done with the caller's registered memory: an
-  // Unregister waiting for this transfer may go on.
-  op.registration.Reset();
   // Not ready for stats from here on (see events_not_ready_).
   events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
   op.event->Resolve(status);
+  // After Resolve: an Unregister waiting for this transfer returns with
+  // its event ready (the device is done with the registered memory).
+  op.registration.Reset();
   // After Resolve: a Deallocate waiting for this operation must not free
   // the buffer (and report it free) while the operation's event is still
   // pending, and a kImmutableOnlyDuringCall caller that returns on

@@ -476,6 +476,42 @@ TEST(HostRegistrationTest, DestroyingTheSystemReleasesRegistrationsLeft) {
   EXPECT_FALSE(kept);
 }
 
+// Unregisters on one thread while another destroys the system: each is
+// OK (done, or released by the system), and nothing stays pinned.
+TEST(HostRegistrationTest, UnregisterRacingTheSystemsDestructionIsOk) {
+  ScopedTestLogging logs;
+  FixedEnvironmentOs env(Os::Default());
+  FaultInjector injector;
+  FaultInjectingOs os(&env, &injector);
+  constexpr int kRegistrations = 16;
+  CallerMemory mem(kRegistrations * 64 * kKiB);
+  std::vector<HostRegistration> regs;
+  std::unique_ptr<System> system = Start(Options(0), &os);
+  ASSERT_NE(system, nullptr);
+  absl::StatusOr<DeviceBuffer> buf = system->AllocateDevice(0, 64 * kKiB);
+  ASSERT_TRUE(buf.ok());
+  for (int i = 0; i < kRegistrations; ++i) {
+    char* at = mem.data() + i * 64 * kKiB;
+    absl::StatusOr<HostRegistration> r =
+        system->RegisterHostMemory(at, 64 * kKiB);
+    ASSERT_TRUE(r.ok()) << r.status();
+    regs.push_back(*std::move(r));
+    // A transfer inside each, left running.
+    ASSERT_TRUE(system->TransferToDevice(at, *buf, 0, 64 * kKiB).ok());
+  }
+  std::atomic<int> not_ok{0};
+  std::thread unregistering([&] {
+    for (HostRegistration& r : regs) {
+      if (!r.Unregister().ok()) not_ok.fetch_add(1);
+    }
+  });
+  system.reset();
+  unregistering.join();
+  EXPECT_EQ(not_ok.load(), 0);
+  EXPECT_EQ(os.pinned_bytes(), 0u);
+  EXPECT_FALSE(IsExcludedFromFork(mem.data()));
+}
+
 TEST(HostRegistrationTest, AForkChildIsRefusedAndCannotTouchTheRange) {
   ScopedTestLogging logs;
   FixedEnvironmentOs os(Os::Default());
