@@ -125,14 +125,22 @@ void ExpectZeroCopyInsideWhateverTheSize(uint64_t region) {
   EXPECT_EQ(reg->size(), mem.size());
   EXPECT_EQ(system->PathFor(mem.data(), mem.size()), TransferPath::kZeroCopy);
   EXPECT_EQ(system->PathFor(mem.data() + 100, 64), TransferPath::kZeroCopy);
-  // Not wholly inside: another path. Memory past the end (as a buffer
-  // mapped above the registration is) is not inside either.
+  // Not wholly inside: another path.
   EXPECT_NE(system->PathFor(mem.data() + mem.size() - 64, 128),
             TransferPath::kZeroCopy);
-  EXPECT_NE(system->PathFor(mem.data() + mem.size(), 64),
-            TransferPath::kZeroCopy);
-  EXPECT_NE(system->PathFor(mem.data() + mem.size() + 8192, 64),
-            TransferPath::kZeroCopy);
+  {
+    // Caller memory past a registration's end (as a buffer mapped above
+    // it) is not inside it either.
+    CallerMemory probe(64 * kKiB);
+    absl::StatusOr<HostRegistration> low =
+        system->RegisterHostMemory(probe.data(), 16 * kKiB);
+    ASSERT_TRUE(low.ok()) << low.status();
+    EXPECT_EQ(system->PathFor(probe.data(), 64), TransferPath::kZeroCopy);
+    EXPECT_NE(system->PathFor(probe.data() + 16 * kKiB, 64),
+              TransferPath::kZeroCopy);
+    EXPECT_NE(system->PathFor(probe.data() + 32 * kKiB, 64),
+              TransferPath::kZeroCopy);
+  }
 
   SystemStats s = system->GetStats();
   EXPECT_EQ(s.transfers.registrations_live, 1u);
