@@ -123,7 +123,8 @@ class TPUSHIM_EXPORT HostRegistration {
   explicit operator bool() const { return data_ != nullptr; }
   // Ends the registration: new transfers no longer use it; BLOCKS until
   // the transfers submitted inside it (queued ones included) have
-  // finished, then unmaps it from the devices and unpins it. The
+  // finished (their events are ready when it returns), then unmaps it
+  // from the devices and unpins it. The
   // registration is empty afterwards, whatever the result. OK for an empty
   // one and once its System is gone.
   absl::Status Unregister();
