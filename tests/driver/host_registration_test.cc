@@ -277,7 +277,8 @@ TEST(HostRegistrationTest, RefusesBadRangesAndChangesNothing) {
   EXPECT_TRUE(second.ok()) << second.status();
 }
 
-// A device that can DMA only whole IOMMU pages (as vfio:// states it).
+// A device that can DMA only whole IOMMU pages (as vfio:// states it); and
+// the engine's bounce pool, which is not the caller's to register.
 TEST(HostRegistrationTest, RefusesARangeTheDeviceCannotMapNamingTheAlignment) {
   ScopedTestLogging logs;
   absl::StatusOr<std::unique_ptr<testutil::TransferRig>> rig =
@@ -294,6 +295,15 @@ TEST(HostRegistrationTest, RefusesARangeTheDeviceCannotMapNamingTheAlignment) {
     EXPECT_THAT(r.status().message(),
                 AllOf(HasSubstr("4096-byte aligned"), HasSubstr("sim:0")));
   }
+  // The region is off: the one window is the engine's bounce pool, the
+  // runtime's own memory.
+  const auto windows = (*rig)->HostWindows(0);
+  ASSERT_EQ(windows.size(), 1u);
+  absl::StatusOr<uint64_t> pool =
+      engine.RegisterHostMemory(windows[0].first, windows[0].second);
+  ASSERT_FALSE(pool.ok());
+  EXPECT_EQ(pool.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(pool.status().message(), HasSubstr("bounce pool"));
   EXPECT_EQ(engine.GetStats().registrations_live, 0u);
   EXPECT_EQ(engine.GetStats().pinned_bytes_now, 0u);
   absl::StatusOr<uint64_t> aligned =

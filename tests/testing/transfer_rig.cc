@@ -49,6 +49,7 @@ class AlignedDevice : public Device {
     if (id.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       bases_[*id] = reinterpret_cast<uintptr_t>(base);
+      lengths_[*id] = length;
     }
     return id;
   }
@@ -56,6 +57,7 @@ class AlignedDevice : public Device {
     {
       std::lock_guard<std::mutex> lock(mu_);
       bases_.erase(window);
+      lengths_.erase(window);
     }
     return device_->UnregisterHostWindow(window);
   }
@@ -79,17 +81,34 @@ class AlignedDevice : public Device {
   }
   void Shutdown() override { device_->Shutdown(); }
 
+  std::vector<std::pair<const void*, uint64_t>> Windows() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<const void*, uint64_t>> windows;
+    for (const auto& [id, base] : bases_) {
+      windows.emplace_back(reinterpret_cast<const void*>(base), lengths_[id]);
+    }
+    return windows;
+  }
+
  private:
   std::unique_ptr<Device> device_;
   DeviceInfo info_;
   std::shared_ptr<std::atomic<uint64_t>> misaligned_;
   std::mutex mu_;
   std::map<HostWindowId, uintptr_t> bases_;
+  std::map<HostWindowId, uint64_t> lengths_;
 };
 
 }  // namespace
 
 uint64_t TransferRig::misaligned_dma() const { return misaligned_dma_->load(); }
+
+std::vector<std::pair<const void*, uint64_t>> TransferRig::HostWindows(
+    int device) {
+  auto* d = dynamic_cast<AlignedDevice*>(devices_[device].get());
+  return d == nullptr ? std::vector<std::pair<const void*, uint64_t>>{}
+                      : d->Windows();
+}
 
 absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
     Params params) {

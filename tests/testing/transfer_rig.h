@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -68,6 +69,10 @@ class TransferRig {
   FaultInjector& faults() { return *faults_; }
   // Descriptors whose host address broke Params::host_alignment.
   uint64_t misaligned_dma() const;
+  // The host windows (base, length) registered with `device` now, when
+  // the devices are wrapped (host_alignment, block_bytes or
+  // window_alignment > 1); empty otherwise.
+  std::vector<std::pair<const void*, uint64_t>> HostWindows(int device);
   FaultInjectingOs& os() { return *os_; }
 
   // Shuts down and destroys the engine, then the devices and the region,
