@@ -9,6 +9,7 @@
 //                          operation, descriptors and ring overflow
 //   engine_staging.cc      the staged path: staging budget and the pipeline
 //   engine_pinned.cc       the pinned path
+//   engine_registered.cc   registered host memory: register, look up, unregister
 //   engine_completion.cc   DMA completions, finishing and cancelling
 //
 // Thread-safety: as TransferEngine's (see its header); the members say
