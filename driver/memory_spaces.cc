@@ -181,6 +181,10 @@ absl::StatusOr<std::shared_ptr<BufferState>> MemorySpaces::Use(
     return absl::InvalidArgumentError(
         absl::StrCat(what, ": the buffer belongs to another system"));
   }
+  if (s->kind == MemoryKind::kDevice && !s->device.valid()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the buffer wraps a DeviceBuffer that refers to nothing"));
+  }
   if (s->kind != MemoryKind::kDevice) {
     MutexLock lock(&s->mu);
     if (s->freed) {
@@ -546,8 +550,9 @@ absl::StatusOr<Event> MemorySpaces::AfterAll(absl::Span<const Event> wait_for,
           MutexLock lock(&join->mu);
           first = join->first;
         }
-        event->Resolve(first.ok() ? join->fn() : first);
-        join->fn = nullptr;
+        const absl::Status status = first.ok() ? join->fn() : first;
+        join->fn = nullptr;  // what it holds goes before the event is ready
+        event->Resolve(status);
       });
     });
   }
@@ -604,9 +609,16 @@ absl::StatusOr<MemoryCopy> MemorySpaces::CopyToMemory(
     (void)Free(*dst, {});
     return event.status();
   }
-  // Both sides' host bytes live until the copy is done, whatever Free does.
+  // Both sides' host bytes live until the copy is done, whatever Free does;
+  // released on the completing thread before the event's other
+  // continuations run (a Free waiting for this copy frees after it).
   if (src_storage != nullptr || dst_storage != nullptr) {
-    event->AddCallback([src_storage, dst_storage](absl::Status) {});
+    event->state()->AddContinuation(
+        [src_storage = std::move(src_storage),
+         dst_storage = std::move(dst_storage)](const absl::Status&) mutable {
+          src_storage.reset();
+          dst_storage.reset();
+        });
   }
   return MemoryCopy{*std::move(dst), *event};
 }

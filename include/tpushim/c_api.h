@@ -937,7 +937,9 @@ typedef TpuShim_Error* TpuShim_MemoryBuffer_GetInfo_Fn(
 
 /* Frees `buffer` once the wait_for events and its copies in flight are
  * done (aliased caller bytes are only forgotten); the handle is stale at
- * once. `event` is ready when the memory is free. */
+ * once. `event` is ready once the wait_for events are (with the first
+ * failed one's status); copies still using the bytes hold them until they
+ * are done. */
 typedef struct TpuShim_MemoryBuffer_Free_Args {
   size_t struct_size;
   TpuShim_System system;         /* in */

@@ -345,7 +345,10 @@ class TPUSHIM_EXPORT System {
   MemoryBuffer AsMemoryBuffer(const DeviceBuffer& buffer) const;
   // Frees `buffer` once `wait_for` is done and its copies in flight are:
   // device memory as Deallocate; host bytes back to the region or heap
-  // (aliased caller bytes are only forgotten). Using it afterwards, or
+  // (aliased caller bytes are only forgotten). For a host memory the event
+  // is ready once `wait_for` is (with the first failed event's status), by
+  // when a copy listed in `wait_for` has let go of the bytes; a copy not
+  // listed holds them until it is done. Using the buffer afterwards, or
   // freeing it twice, is INVALID_ARGUMENT. Buffers not freed go with the
   // system.
   absl::StatusOr<Event> Free(const MemoryBuffer& buffer,

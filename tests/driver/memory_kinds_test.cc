@@ -3,12 +3,15 @@
 // pinned_host out-of-memory text and report, and the zero-copy host-buffer
 // semantics (tpushim/memory.h, docs/api.md "Memory kinds").
 
+#include <atomic>
 #include <cstring>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "driver/system_internal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -620,6 +623,89 @@ TEST_F(MemoryKindsTest, CopyingSemanticsCopyIntoNewBytes) {
       absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(HostBufferSemanticsName(HostBufferSemantics::kMutableZeroCopy),
             "mutable_zero_copy");
+}
+
+// An injected `alloc` fault behaves as a full region: libtpu's text and
+// the pinned_host report, nothing allocated.
+TEST_F(MemoryKindsTest, InjectedAllocFaultIsTheOutOfMemoryText) {
+  OptionOverrides o = Small();
+  o.faults = "alloc:nth=1";
+  Start(o);
+  absl::StatusOr<MemoryBuffer> b = system_->AllocateInMemory(pinned(), kMiB);
+  ASSERT_EQ(b.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(b.status().message()),
+              StartsWith("Attempting to allocate 1.00M. That was not "
+                         "possible."));
+  EXPECT_THAT(b.status().message(),
+              HasSubstr("Ran out of memory in memory space pinned_host."));
+  EXPECT_EQ(system_->GetMemoryStats(pinned())->num_allocs, 0u);
+  EXPECT_EQ(system_->GetMemoryStats(pinned())->bytes_in_use, 0u);
+  // The next one is served.
+  EXPECT_TRUE(system_->AllocateInMemory(pinned(), kMiB).ok());
+}
+
+TEST_F(MemoryKindsTest, AnEmptyDeviceBufferIsRefused) {
+  Start();
+  absl::StatusOr<MemoryCopy> c =
+      system_->CopyToMemory(system_->AsMemoryBuffer(DeviceBuffer()), 0);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(c.status().message(), HasSubstr("refers to nothing"));
+}
+
+// Threads copying through every kind and freeing at once: every byte
+// arrives and the host memories end empty.
+TEST_F(MemoryKindsTest, ConcurrentCopiesAndFreesKeepEveryByte) {
+  Start(Small(16 * kMiB));
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 8;
+  std::vector<std::thread> threads;
+  std::atomic<int> bad{0};
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int r = 0; r < kRounds; ++r) {
+        const uint64_t n = 64 * 1024 + 4096 * t + r;
+        const std::vector<char> data = Pattern(n, t * 31 + r);
+        auto u = system_->CreateMemoryBuffer(data.data(), n, unpinned());
+        if (!u.ok()) {
+          ++bad;
+          continue;
+        }
+        auto d = system_->CopyToMemory(u->buffer, t % 2);
+        if (!d.ok()) {
+          ++bad;
+          continue;
+        }
+        // Freed while the copy out of it may still run.
+        absl::StatusOr<Event> freed = system_->Free(u->buffer, {d->event});
+        auto p = system_->CopyToMemory(d->buffer, pinned(), {d->event});
+        if (!freed.ok() || !p.ok()) {
+          ++bad;
+          continue;
+        }
+        auto back = system_->CopyToMemory(p->buffer, unpinned(), {p->event});
+        if (!back.ok() || !back->event.Await().ok() ||
+            std::memcmp(back->buffer.data(), data.data(), n) != 0) {
+          ++bad;
+        }
+        for (const MemoryBuffer& b :
+             {d->buffer, p->buffer,
+              back.ok() ? back->buffer : MemoryBuffer()}) {
+          if (!b.valid()) continue;
+          absl::StatusOr<Event> f = system_->Free(b);
+          if (!f.ok() || !f->Await().ok()) ++bad;
+        }
+        if (!freed->Await().ok()) ++bad;
+      }
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(system_->GetMemoryStats(pinned())->buffers_live, 0u);
+  EXPECT_EQ(system_->GetMemoryStats(unpinned())->buffers_live, 0u);
+  EXPECT_EQ(system_->GetMemoryStats(unpinned())->bytes_in_use, 0u);
+  EXPECT_EQ(system_->GetMemoryStats(0)->buffers_live +
+                system_->GetMemoryStats(1)->buffers_live,
+            0u);
 }
 
 // Buffers left when the system goes are released with it, the region's
