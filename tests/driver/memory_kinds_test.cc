@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "absl/time/clock.h"
+#include "absl/synchronization/notification.h"
 #include "driver/system_internal.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -650,6 +650,46 @@ TEST_F(MemoryKindsTest, AnEmptyDeviceBufferIsRefused) {
       system_->CopyToMemory(system_->AsMemoryBuffer(DeviceBuffer()), 0);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(c.status().message(), HasSubstr("refers to nothing"));
+}
+
+// A Free that waits for a copy's event has its bytes back when its own
+// event is ready, even while the callback thread is busy: the copy lets go
+// of them as it completes, not in a callback queued behind others.
+TEST_F(MemoryKindsTest, FreeAfterACopyIsDoneWhenItsEventIsReady) {
+  // Each DMA takes 0.3 s, so the blocker below is still pending when its
+  // callback is added.
+  Start(Small(8 * kMiB, "sim://?devices=1&hbm=32M&latency_us=300000"));
+  const uint64_t n = 256 * 1024;
+  const std::vector<char> data = Pattern(n, 29);
+  // Hold the system's callback thread.
+  auto dev = system_->AllocateDevice(0, 64);
+  ASSERT_TRUE(dev.ok());
+  std::vector<char> small(64);
+  auto blocker = system_->TransferToDevice(small.data(), *dev, 0, 64);
+  ASSERT_TRUE(blocker.ok());
+  absl::Notification started, release;
+  const std::thread::id test_thread = std::this_thread::get_id();
+  bool ran_inline = false;
+  blocker->AddCallback([&](absl::Status) {
+    ran_inline = std::this_thread::get_id() == test_thread;
+    started.Notify();
+    if (!ran_inline) release.WaitForNotification();
+  });
+  started.WaitForNotification();
+  if (ran_inline) {
+    GTEST_SKIP() << "the blocker was done before its callback was added";
+  }
+
+  auto src = system_->CreateMemoryBuffer(data.data(), n, unpinned());
+  ASSERT_TRUE(src.ok());
+  auto up = system_->CopyToMemory(src->buffer, 0);
+  ASSERT_TRUE(up.ok());
+  auto freed = system_->Free(src->buffer, {up->event});
+  ASSERT_TRUE(freed.ok());
+  EXPECT_TRUE(freed->Await().ok());
+  EXPECT_EQ(system_->GetMemoryStats(unpinned())->bytes_in_use, 0u);
+  EXPECT_EQ(system_->GetMemoryStats(unpinned())->buffers_live, 0u);
+  release.Notify();
 }
 
 // Threads copying through every kind and freeing at once: every byte
