@@ -121,6 +121,7 @@ class TPUSHIM_EXPORT MemoryBuffer {
   uint64_t host_size() const;  // the dense row-major array
   std::string label() const;
 
+  // The runtime's side of the handle (driver/memory_spaces.h); opaque here.
   const std::shared_ptr<memory_internal::BufferState>& state() const {
     return state_;
   }
