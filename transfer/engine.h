@@ -305,6 +305,10 @@ class Engine {
   // The path a host transfer of `size` bytes at `host` to or from
   // `device` takes, and why.
   PathChoice PathFor(const void* host, uint64_t size, int device) const;
+  // Where [host, host + size) lies: the single place that decides whether
+  // a host range is memory the devices DMA directly (the zero-copy path,
+  // and aliasing by pinned_host buffers). Lock-free.
+  HostRange ClassifyHostRange(const void* host, uint64_t size) const;
   // Whether the region's staging room is premapped (always, unless it is
   // premapped behind the caller and not that far yet). REQUIRES: a region.
   bool StagingReady() const {
