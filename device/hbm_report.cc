@@ -51,6 +51,15 @@ std::string FormatHbmBufferLines(const HbmBuffer& b, absl::string_view indent) {
 
 std::string FormatHbmReport(uint64_t capacity_bytes,
                             absl::Span<const HbmBuffer> buffers, int listed) {
+  return FormatMemorySpaceReport("hbm", "device buffers", capacity_bytes,
+                                 buffers, listed);
+}
+
+std::string FormatMemorySpaceReport(absl::string_view space,
+                                    absl::string_view what,
+                                    uint64_t capacity_bytes,
+                                    absl::Span<const HbmBuffer> buffers,
+                                    int listed) {
   uint64_t used = 0;
   uint64_t padded = 0;
   uint64_t unpadded = 0;
@@ -60,19 +69,20 @@ std::string FormatHbmReport(uint64_t capacity_bytes,
     unpadded = SaturatingAdd(unpadded, b.unpadded_bytes);
   }
   const uint64_t fragmentation = used > padded ? used - padded : 0;
-  std::string out = absl::StrCat("Ran out of memory in memory space hbm. Used ",
-                                 HumanReadableBytes(used), " of ",
-                                 HumanReadableBytes(capacity_bytes), " hbm. ");
+  std::string out =
+      absl::StrCat("Ran out of memory in memory space ", space, ". Used ",
+                   HumanReadableBytes(used), " of ",
+                   HumanReadableBytes(capacity_bytes), " ", space, ". ");
   const HbmBuffer* request = nullptr;
   for (const HbmBuffer& b : buffers) {
     if (b.failed_request) request = &b;
   }
   if (used > capacity_bytes) {
-    absl::StrAppend(&out, "Exceeded hbm capacity by ",
+    absl::StrAppend(&out, "Exceeded ", space, " capacity by ",
                     HumanReadableBytes(used - capacity_bytes), ".\n");
   } else {
     absl::StrAppend(
-        &out, "Within hbm capacity, but no free block of ",
+        &out, "Within ", space, " capacity, but no free block of ",
         HumanReadableBytes(request != nullptr ? std::max(request->held_bytes,
                                                          request->padded_bytes)
                                               : 0),
@@ -80,9 +90,9 @@ std::string FormatHbmReport(uint64_t capacity_bytes,
   }
   absl::StrAppendFormat(
       &out,
-      "    device buffers %s (%.1f%% utilization: Unpadded (%s) Padded (%s), "
+      "    %s %s (%.1f%% utilization: Unpadded (%s) Padded (%s), "
       "%.1f%% fragmentation (%s))\n",
-      HumanReadableBytes(used), Percent(unpadded, padded),
+      what, HumanReadableBytes(used), Percent(unpadded, padded),
       HumanReadableBytes(unpadded), HumanReadableBytes(padded),
       Percent(fragmentation, used), HumanReadableBytes(fragmentation));
 
@@ -105,7 +115,7 @@ std::string FormatHbmReport(uint64_t capacity_bytes,
       shown.back() = r;
     }
   }
-  absl::StrAppend(&out, "Largest program allocations in hbm:\n",
+  absl::StrAppend(&out, "Largest program allocations in ", space, ":\n",
                   FormatHbmBufferList(buffers, shown));
   return out;
 }

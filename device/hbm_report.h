@@ -45,6 +45,7 @@
 #include <optional>
 #include <string>
 
+#include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "device/xla_shape.h"
 
@@ -68,6 +69,16 @@ inline constexpr int kHbmReportListed = 10;
 std::string FormatHbmReport(uint64_t capacity_bytes,
                             absl::Span<const HbmBuffer> buffers,
                             int listed = kHbmReportListed);
+
+// The same report for another memory space: `space` where the HBM report
+// says "hbm" ("Ran out of memory in memory space pinned_host. Used ... of
+// ... pinned_host. ...", "Largest program allocations in pinned_host:") and
+// `what` where it says "device buffers" on its second line.
+std::string FormatMemorySpaceReport(absl::string_view space,
+                                    absl::string_view what,
+                                    uint64_t capacity_bytes,
+                                    absl::Span<const HbmBuffer> buffers,
+                                    int listed = kHbmReportListed);
 
 // The numbered list of the report, blank line first: `buffers[shown[0]]`
 // as "  1. Size: ...", and so on, then "Where the padding comes from:"

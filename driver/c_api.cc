@@ -195,6 +195,8 @@ TpuShim_Error* SystemDestroy(TpuShim_System_Destroy_Args* args) {
     }
     (void)tables().device_buffers.TakeAll(
         [id](const DeviceBufferEntry& e) { return e.system_id == id; });
+    (void)tables().memory_buffers.TakeAll(
+        [id](const MemoryBufferEntry& e) { return e.system_id == id; });
     // Host memory registrations left: the system releases them (one
     // WARNING); their handles go stale.
     std::vector<std::shared_ptr<HostRegistrationEntry>> registrations =
@@ -608,6 +610,15 @@ constexpr TpuShim_Api kApi = {
     .Transfer_ArrayToDevice = TransferArrayToDevice,
     .Transfer_ArrayFromDevice = TransferArrayFromDevice,
     .System_GetDeviceMemoryStats = SystemGetDeviceMemoryStats,
+    // 1.4: memory kinds
+    .System_GetMemories = SystemGetMemories,
+    .System_GetDefaultMemory = SystemGetDefaultMemory,
+    .MemoryBuffer_Allocate = MemoryBufferAllocate,
+    .MemoryBuffer_FromHost = MemoryBufferFromHost,
+    .MemoryBuffer_CopyToMemory = MemoryBufferCopyToMemory,
+    .MemoryBuffer_GetInfo = MemoryBufferGetInfo,
+    .MemoryBuffer_Free = MemoryBufferFree,
+    .System_GetMemoryStats = SystemGetMemoryStats,
     .HostMemory_Register = HostMemoryRegister,
     .HostMemory_Unregister = HostMemoryUnregister,
 };

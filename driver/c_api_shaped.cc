@@ -132,6 +132,13 @@ TpuShim_Error* SystemGetDeviceMemoryStats(
     args->unpadded_bytes_in_use = d.unpadded_bytes_in_use;
     args->peak_padded_bytes = d.peak_padded_bytes;
     args->peak_unpadded_bytes = d.peak_unpadded_bytes;
+    // 1.4 fields, when the caller's struct has them.
+    if (args->struct_size >= TPUSHIM_STRUCT_SIZE(
+                                 TpuShim_System_GetDeviceMemoryStats_Args,
+                                 largest_alloc_size)) {
+      args->num_allocs = d.num_allocs;
+      args->largest_alloc_size = d.largest_alloc_size;
+    }
     return absl::OkStatus();
   });
 }

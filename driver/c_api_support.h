@@ -104,6 +104,7 @@ enum class Kind : uint8_t {
   kHostBuffer = 'H',
   kDeviceBuffer = 'D',
   kEvent = 'E',
+  kMemoryBuffer = 'M',  // 1.4: memory kinds
   kHostRegistration = 'R',
 };
 
@@ -117,6 +118,8 @@ inline absl::string_view KindName(uint64_t tag) {
       return "TpuShim_DeviceBuffer";
     case Kind::kEvent:
       return "TpuShim_Event";
+    case Kind::kMemoryBuffer:
+      return "TpuShim_MemoryBuffer";
     case Kind::kHostRegistration:
       return "TpuShim_HostRegistration";
   }
@@ -390,11 +393,17 @@ struct EventEntry {
   Event event;
 };
 
+struct MemoryBufferEntry {
+  uint64_t system_id = 0;
+  MemoryBuffer buffer;
+};
+
 struct Tables {
   HandleTable<std::shared_ptr<SystemEntry>> systems{Kind::kSystem};
   HandleTable<std::shared_ptr<HostBufferEntry>> host_buffers{Kind::kHostBuffer};
   HandleTable<DeviceBufferEntry> device_buffers{Kind::kDeviceBuffer};
   HandleTable<EventEntry> events{Kind::kEvent};
+  HandleTable<MemoryBufferEntry> memory_buffers{Kind::kMemoryBuffer};
   HandleTable<std::shared_ptr<HostRegistrationEntry>> host_registrations{
       Kind::kHostRegistration};
 
@@ -405,10 +414,12 @@ struct Tables {
     host_buffers.mu_.Lock();
     device_buffers.mu_.Lock();
     events.mu_.Lock();
+    memory_buffers.mu_.Lock();
     host_registrations.mu_.Lock();
   }
   void UnlockAll() ABSL_NO_THREAD_SAFETY_ANALYSIS {
     host_registrations.mu_.Unlock();
+    memory_buffers.mu_.Unlock();
     events.mu_.Unlock();
     device_buffers.mu_.Unlock();
     host_buffers.mu_.Unlock();
@@ -537,6 +548,10 @@ inline absl::StatusOr<HostBufferSemantics> ToSemantics(
       return HostBufferSemantics::kImmutableOnlyDuringCall;
     case TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES:
       return HostBufferSemantics::kImmutableUntilTransferCompletes;
+    case TPUSHIM_HOST_BUFFER_IMMUTABLE_ZERO_COPY:
+      return HostBufferSemantics::kImmutableZeroCopy;
+    case TPUSHIM_HOST_BUFFER_MUTABLE_ZERO_COPY:
+      return HostBufferSemantics::kMutableZeroCopy;
     default:
       return absl::InvalidArgumentError(
           absl::StrCat(function, ": args->semantics ", semantics,
@@ -562,6 +577,17 @@ TpuShim_Error* TransferArrayToDevice(TpuShim_Transfer_ArrayToDevice_Args* args);
 TpuShim_Error* TransferArrayFromDevice(
     TpuShim_Transfer_ArrayFromDevice_Args* args);
 
+// 1.4: memory kinds (driver/c_api_memory.cc).
+TpuShim_Error* SystemGetMemories(TpuShim_System_GetMemories_Args* args);
+TpuShim_Error* SystemGetDefaultMemory(
+    TpuShim_System_GetDefaultMemory_Args* args);
+TpuShim_Error* MemoryBufferAllocate(TpuShim_MemoryBuffer_Allocate_Args* args);
+TpuShim_Error* MemoryBufferFromHost(TpuShim_MemoryBuffer_FromHost_Args* args);
+TpuShim_Error* MemoryBufferCopyToMemory(
+    TpuShim_MemoryBuffer_CopyToMemory_Args* args);
+TpuShim_Error* MemoryBufferGetInfo(TpuShim_MemoryBuffer_GetInfo_Args* args);
+TpuShim_Error* MemoryBufferFree(TpuShim_MemoryBuffer_Free_Args* args);
+TpuShim_Error* SystemGetMemoryStats(TpuShim_System_GetMemoryStats_Args* args);
 // 1.4: registered host memory (driver/c_api_registered.cc).
 TpuShim_Error* HostMemoryRegister(TpuShim_HostMemory_Register_Args* args);
 TpuShim_Error* HostMemoryUnregister(TpuShim_HostMemory_Unregister_Args* args);

@@ -13,6 +13,7 @@
 #include "common/status_macros.h"
 #include "env/fork_guard.h"
 #include "device/devices.h"
+#include "driver/memory_spaces.h"
 #include "driver/system_internal.h"
 #include "env/fault_injection.h"
 #include "env/options.h"
@@ -227,6 +228,7 @@ struct System::Impl {
   std::vector<DeviceDescription> descriptions;
   std::unique_ptr<PremappedRegion> region;
   std::unique_ptr<TransferEngine> engine;
+  std::unique_ptr<MemorySpaces> memories;
   std::shared_ptr<PinnedHostBuffer::Owner> owner =
       std::make_shared<PinnedHostBuffer::Owner>();
   std::shared_ptr<HostRegistration::Owner> registrations =
@@ -243,6 +245,8 @@ struct System::Impl {
     // (an Unregister running meanwhile finishes, as the transfers it waits
     // for end or are cancelled); then later Unregisters find no engine.
     if (engine) engine->Shutdown();
+    // Memory-kind buffers' host bytes go back while the region is alive.
+    memories.reset();
     {
       WriterMutexLock lock(&registrations->mu);
       registrations->engine = nullptr;
@@ -477,7 +481,14 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
   LOG(INFO) << "CreateTpuSystemState: using TPU host premapped buffer of "
                "size: "
             << options.premapped_buffer_size.value;
-  return std::unique_ptr<System>(new System(std::move(impl)));
+  System::Impl* const raw_impl = impl.get();
+  auto system = std::unique_ptr<System>(new System(std::move(impl)));
+  System* const sys = system.get();
+  raw_impl->memories = std::make_unique<MemorySpaces>(
+      sys, raw_impl->engine.get(), raw_impl->region.get(),
+      raw_impl->descriptions,
+      [sys](uint64_t size) { return sys->AllocatePinnedHost(size); });
+  return system;
 }
 
 absl::StatusOr<std::unique_ptr<System>> System::Create(
@@ -575,6 +586,7 @@ absl::StatusOr<PinnedHostBuffer> System::AllocatePinnedHost(uint64_t size,
           size, alignment,
           wait == PremapWait::kNoWait ? RegionAllocator::IfNotReady::kFail
                                       : RegionAllocator::IfNotReady::kWait));
+  if (impl_->memories != nullptr) impl_->memories->CountPinnedAllocation(size);
   return PinnedHostBuffer(impl_->owner, p, size);
 }
 
@@ -698,9 +710,109 @@ SystemStats System::GetStats() const {
                     .peak_unpadded_bytes = u.peak_unpadded_bytes,
                     .hbm_free = m.free_bytes,
                     .largest_free_block = m.largest_free_block,
-                    .fragmentation = m.fragmentation});
+                    .fragmentation = m.fragmentation,
+                    .num_allocs = u.num_allocs,
+                    .largest_alloc_size = u.largest_alloc_size});
   }
   return s;
+}
+
+// ---- Memory kinds (driver/memory_spaces.h does the work) -------------------
+
+std::vector<MemoryDescription> System::memories() const {
+  return impl_->memories->List();
+}
+
+int System::memory_of_kind(MemoryKind kind, int device) const {
+  switch (kind) {
+    case MemoryKind::kDevice:
+      (void)this->device(device);  // checks it
+      return device;
+    case MemoryKind::kPinnedHost:
+      return impl_->memories->pinned_host_id();
+    case MemoryKind::kUnpinnedHost:
+      return impl_->memories->unpinned_host_id();
+  }
+  return -1;
+}
+
+absl::StatusOr<int> System::DefaultMemory(int device) const {
+  if (device < 0 || device >= device_count()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("DefaultMemory: device ", device,
+                     " does not exist (devices 0..", device_count() - 1, ")"));
+  }
+  return device;
+}
+
+absl::StatusOr<MemoryBuffer> System::AllocateInMemory(int memory,
+                                                      uint64_t size) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->Allocate(memory, size);
+}
+
+absl::StatusOr<MemoryBuffer> System::AllocateInMemory(
+    int memory, const DeviceBufferSpec& spec) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->Allocate(memory, spec);
+}
+
+absl::StatusOr<MemoryCopy> System::CreateMemoryBuffer(
+    const void* data, uint64_t size, int memory,
+    HostBufferSemantics semantics) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->Create(data, size, memory, semantics);
+}
+
+absl::StatusOr<MemoryCopy> System::CopyToMemory(
+    const MemoryBuffer& src, int memory, absl::Span<const Event> wait_for) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->CopyToMemory(src, memory, wait_for);
+}
+
+MemoryBuffer System::AsMemoryBuffer(const DeviceBuffer& buffer) const {
+  return impl_->memories->Wrap(buffer);
+}
+
+absl::StatusOr<Event> System::Free(const MemoryBuffer& buffer,
+                                   absl::Span<const Event> wait_for) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->Free(buffer, wait_for);
+}
+
+absl::StatusOr<MemoryStats> System::GetMemoryStats(int memory) const {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  TPUSHIM_RETURN_IF_ERROR(
+      impl_->memories->CheckMemory("GetMemoryStats", memory));
+  if (memory >= device_count()) return impl_->memories->HostStats(memory);
+  const Device& d = *impl_->devices[memory];
+  const DeviceMemoryStats m = d.GetMemoryStats();
+  const std::vector<DeviceMemoryUse> use = impl_->engine->GetMemoryUse();
+  const DeviceMemoryUse u = static_cast<size_t>(memory) < use.size()
+                                ? use[memory]
+                                : DeviceMemoryUse{};
+  return MemoryStats{.memory = memory,
+                     .kind = MemoryKind::kDevice,
+                     .bytes_in_use = u.padded_bytes,
+                     .peak_bytes_in_use = u.peak_padded_bytes,
+                     .num_allocs = u.num_allocs,
+                     .largest_alloc_size = u.largest_alloc_size,
+                     .has_bytes_limit = true,
+                     .bytes_limit = d.info().hbm_bytes,
+                     .largest_free_block_bytes = m.largest_free_block,
+                     .buffers_live = u.buffers};
 }
 
 }  // namespace tpushim

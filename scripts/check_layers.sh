@@ -12,7 +12,7 @@
 #   4  allocator
 #   5  device      (device/sim/, device/vfio/, device/nvme/)
 #   6  transfer
-#   7  driver      with its public face include/tpushim/{system,c_api,version}.h
+#   7  driver      with its public face include/tpushim/{system,memory,c_api,version}.h
 #   8  tools, bench, fuzz, examples
 #
 # A file may include its own layer and the ones below; the top folders may

@@ -30,7 +30,7 @@ mutations=(
   'numa-bind :: allocator/premapped_region.cc :: ? os->NumaBindMemory(range.start, range.length, node) :: ? absl::OkStatus() :: region_pages_test :: *Numa* :: the region is bound to its NUMA node before the first touch'
   'mlock :: allocator/premapped_region.cc :: os->Mlock(range.start, range.length, Os::LockWhen::kOnFault) :: absl::OkStatus() :: region_pages_test :: *Lock* :: the region is locked in memory'
   'prefault-threads :: allocator/prefaulter.cc :: for (int i = 0; i < threads; ++i) { :: for (int i = 0; i < 1; ++i) { :: region_allocator_test :: *SeveralThreads* :: pre-faulting runs on several threads'
-  'zero-copy-detection :: transfer/engine_queues.cc :: if (size > 0 && region_->allocator().Contains(host, size)) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
+  'zero-copy-detection :: transfer/engine_queues.cc :: if (ClassifyHostRange(host, size) != HostRange::kPageable) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
   'threshold-comparison :: transfer/engine_queues.cc :: } else if (size <= threshold_) { :: } else if (size < threshold_) { :: transfer_smoke_test :: *Threshold* :: the threshold is inclusive'
   'staging-overlap :: transfer/engine_staging.cc :: if (buf == nullptr && held < StagingDepth(op)) { :: if (buf == nullptr && held < 1) { :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
   'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *StagingBackpressure* :: staging bytes in flight are bounded'
@@ -53,6 +53,7 @@ mutations=(
   'io-uring-pin :: env/posix/posix_os.cc :: pins != nullptr && hull.length() <= kMaxIoUringPin :: false :: os_test :: *Pin* :: caller memory is pinned with the kernel'"'"'s long-term pin'
   'fork-advice :: env/posix/fork_guard.cc :: os.Madvise(addr, length, MADV_DONTFORK) :: os.Madvise(addr, length, MADV_NORMAL) :: fork_test :: *ParentWrites*:*Sigsegv* :: a fork() child never shares the DMA memory: no copy-on-write for the parent'
   'bounce-routing :: transfer/engine_queues.cc :: if (bounce_ != nullptr && size > 0 && :: if (false && size > 0 && :: bounce_pool_test :: *SmallTransfers*:*ManyThreads* :: with the region off, small transfers go through the bounce pool instead of pinning'
+  'pinned-host-from-heap :: driver/memory_spaces.cc :: if (memory == pinned_host_id()) {\n    absl::StatusOr<PinnedHostBuffer> p :: if (false) {\n    absl::StatusOr<PinnedHostBuffer> p :: memory_kinds_test :: *OneZeroCopyDma* :: a device to pinned_host copy is one DMA straight into region memory, never staged'
   'registered-range :: transfer/engine_queues.cc :: if (FindRegistrationLocked(host, size) != nullptr) { :: if (false) { :: host_registration_test :: *ZeroCopyWhateverTheSize*:*RegionOff*:*ArrayTransfers* :: transfers inside registered host memory are zero-copy whatever their size'
 )
 

@@ -366,6 +366,11 @@ class Engine {
   // host memory.
   PathChoice PathFor(const void* host, uint64_t size, int device,
                      bool registrations = true) const;
+  // Where [host, host + size) lies: the single place that decides whether
+  // a host range is the premapped region, which the devices DMA directly
+  // (the zero-copy path, and aliasing by pinned_host buffers). Lock-free.
+  // Registered host memory is not classified here (PathFor looks it up).
+  HostRange ClassifyHostRange(const void* host, uint64_t size) const;
 
   // Registered host memory (transfer/engine_registered.cc); see
   // TransferEngine.

@@ -117,6 +117,8 @@ absl::StatusOr<DeviceBuffer> Engine::AllocateLive(
       use.peak_padded_bytes = std::max(use.peak_padded_bytes, use.padded_bytes);
       use.peak_unpadded_bytes =
           std::max(use.peak_unpadded_bytes, use.unpadded_bytes);
+      ++use.num_allocs;
+      use.largest_alloc_size = std::max(use.largest_alloc_size, a->image_bytes);
       if (memory_profile_)
         flush = memory_profile_->Allocated(ProfileBuffer(*a));
     }

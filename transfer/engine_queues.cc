@@ -46,7 +46,7 @@ PathChoice Engine::PathFor(const void* host, uint64_t size, int device,
     c.misaligned = misaligned;
     return c;
   }
-  if (size > 0 && region_->allocator().Contains(host, size)) {
+  if (ClassifyHostRange(host, size) != HostRange::kPageable) {
     c.path = TransferPath::kZeroCopy;
   } else if (size <= threshold_) {
     c.path = TransferPath::kStaged;
@@ -65,6 +65,14 @@ PathChoice Engine::PathFor(const void* host, uint64_t size, int device,
     c.path = TransferPath::kStaged;
   }
   return c;
+}
+
+HostRange Engine::ClassifyHostRange(const void* host, uint64_t size) const {
+  if (size > 0 && region_ != nullptr &&
+      region_->allocator().Contains(host, size)) {
+    return HostRange::kPremappedRegion;
+  }
+  return HostRange::kPageable;
 }
 
 absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(

@@ -24,6 +24,10 @@ absl::string_view HostBufferSemanticsName(HostBufferSemantics semantics) {
       return "immutable_only_during_call";
     case HostBufferSemantics::kImmutableUntilTransferCompletes:
       return "immutable_until_transfer_completes";
+    case HostBufferSemantics::kImmutableZeroCopy:
+      return "immutable_zero_copy";
+    case HostBufferSemantics::kMutableZeroCopy:
+      return "mutable_zero_copy";
   }
   return "unknown";
 }
@@ -586,6 +590,11 @@ TransferPath TransferEngine::PathFor(const void* host, uint64_t size) const {
 
 TransferEngine::Stats TransferEngine::GetStats() const {
   return impl_->GetStats();
+}
+
+HostRange TransferEngine::ClassifyHostRange(const void* host,
+                                            uint64_t size) const {
+  return impl_->ClassifyHostRange(host, size);
 }
 
 std::vector<DeviceMemoryUse> TransferEngine::GetMemoryUse() const {

@@ -102,6 +102,18 @@ struct DeviceMemoryUse {
   uint64_t unpadded_bytes = 0;
   uint64_t peak_padded_bytes = 0;
   uint64_t peak_unpadded_bytes = 0;
+  // Buffers allocated since start-up, and the largest of them (its size in
+  // its layout), as PJRT's memory statistics count them.
+  uint64_t num_allocs = 0;
+  uint64_t largest_alloc_size = 0;
+};
+
+// Where a host range lies, for the paths and for aliasing host memory: in
+// host memory every device can DMA directly (the premapped region), or in
+// ordinary pageable memory.
+enum class HostRange {
+  kPageable,
+  kPremappedRegion,
 };
 
 class TransferEngine {
@@ -236,6 +248,9 @@ class TransferEngine {
   // The path a host transfer of `size` bytes at `host` would take now
   // (staged may still fall back to pinned when staging has no room).
   TransferPath PathFor(const void* host, uint64_t size) const;
+  // Where [host, host + size) lies (see HostRange): the one test the
+  // zero-copy path and aliasing pinned_host buffers share.
+  HostRange ClassifyHostRange(const void* host, uint64_t size) const;
 
   // Registers the caller's host memory [data, data + size) for DMA and
   // returns its id: the range is pinned once (Os::PinRange, as the pinned

@@ -157,6 +157,10 @@ struct DeviceStats {
   uint64_t hbm_free = 0;
   uint64_t largest_free_block = 0;
   double fragmentation = 0.0;  // 1 - largest free block / free bytes
+  // Buffers allocated since start-up, and the largest (its size in its
+  // layout), as PJRT's memory statistics count them.
+  uint64_t num_allocs = 0;
+  uint64_t largest_alloc_size = 0;
 };
 
 struct SystemStats {

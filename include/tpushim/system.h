@@ -34,8 +34,8 @@
 // deallocates or waits (and Await of a pending event) returns
 // FAILED_PRECONDITION naming both processes; GetStats returns empty
 // statistics; the device descriptions answer from the copy; destroying
-// it there frees nothing of the parent's and returns at once. A child that needs the runtime creates its
-// own System.
+// it there frees nothing of the parent's and returns at once. A child that
+// needs the runtime creates its own System.
 //
 //   TPUSHIM_ASSIGN_OR_RETURN(std::unique_ptr<tpushim::System> system,
 //                            tpushim::System::Create());
@@ -61,6 +61,7 @@
 #include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "tpushim/export.h"
+#include "tpushim/memory.h"
 #include "tpushim/options.h"
 #include "tpushim/stats.h"
 #include "tpushim/transfer.h"
@@ -358,6 +359,70 @@ class TPUSHIM_EXPORT System {
 
   // A snapshot of the region, its allocator, every queue and device.
   SystemStats GetStats() const;
+
+  // ---- Memory kinds (tpushim/memory.h; docs/api.md "Memory kinds") ------
+  // Every memory, by id: the devices' HBM (0..N-1), pinned_host (N) and
+  // unpinned_host (N+1), each with the devices that address it.
+  std::vector<MemoryDescription> memories() const;
+  // The id of the memory of `kind`: device `device`'s HBM for kDevice,
+  // else the one host memory of that kind (`device` is not used).
+  // REQUIRES: 0 <= device < device_count() for kDevice.
+  int memory_of_kind(MemoryKind kind, int device = 0) const;
+  // A device's default memory: its HBM. INVALID_ARGUMENT for a bad device.
+  absl::StatusOr<int> DefaultMemory(int device) const;
+  // A buffer of `size` bytes (>= 1), or of one XLA array, in `memory`:
+  // in device memory, AllocateDevice's buffer; in a host memory zero-filled
+  // bytes (a shaped buffer's tiled image, padding included). pinned_host
+  // comes from the premapped region: RESOURCE_EXHAUSTED with libtpu's text
+  // ("Attempting to allocate 8.00M. That was not possible. There are 6.43M
+  // free. ...") then the report of what holds pinned_host, as for HBM;
+  // FAILED_PRECONDITION when the region is off. INVALID_ARGUMENT for a bad
+  // memory id, size or shape. Nothing is allocated on any error.
+  absl::StatusOr<MemoryBuffer> AllocateInMemory(int memory, uint64_t size);
+  absl::StatusOr<MemoryBuffer> AllocateInMemory(int memory,
+                                                const DeviceBufferSpec& spec);
+  // A buffer in `memory` holding the `size` bytes at `data` (PJRT's
+  // BufferFromHostBuffer). Device memory: allocated and transferred as
+  // TransferToDevice does with `semantics`. Host memories:
+  //  * kImmutableZeroCopy / kMutableZeroCopy alias `data` (no copy) in
+  //    unpinned_host always, in pinned_host when the range lies in memory
+  //    every device DMAs directly (the premapped region). Outside it,
+  //    kImmutableZeroCopy copies into a new pinned_host buffer (PJRT lets a
+  //    runtime copy) and kMutableZeroCopy is INVALID_ARGUMENT (a copy could
+  //    not be written through `data`).
+  //  * the other semantics copy `data` into new bytes before returning.
+  // The event is ready once the bytes are in place (at once for a host
+  // memory).
+  absl::StatusOr<MemoryCopy> CreateMemoryBuffer(
+      const void* data, uint64_t size, int memory,
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableOnlyDuringCall);
+  // A new buffer in `memory` with `src`'s bytes (and shape), copied once
+  // `wait_for` is done: device ↔ pinned_host by one DMA from/to the region
+  // (the zero-copy path, nothing staged), device ↔ unpinned_host through
+  // the ordinary transfer paths, device → device by a device copy, host →
+  // host by memcpy. The new buffer exists at once; its bytes are valid
+  // when the event is ready with OK. Errors as AllocateInMemory, and
+  // INVALID_ARGUMENT for a freed buffer or one of another system.
+  absl::StatusOr<MemoryCopy> CopyToMemory(
+      const MemoryBuffer& src, int memory,
+      absl::Span<const Event> wait_for = {});
+  // `buffer` as a MemoryBuffer of its device's memory (PJRT's
+  // Buffer_Memory is then MemoryBuffer::memory()).
+  MemoryBuffer AsMemoryBuffer(const DeviceBuffer& buffer) const;
+  // Frees `buffer` once `wait_for` is done and its copies in flight are:
+  // device memory as Deallocate; host bytes back to the region or heap
+  // (aliased caller bytes are only forgotten). For a host memory the event
+  // is ready once `wait_for` is (with the first failed event's status), by
+  // when a copy listed in `wait_for` has let go of the bytes; a copy not
+  // listed holds them until it is done. Using the buffer afterwards, or
+  // freeing it twice, is INVALID_ARGUMENT. Buffers not freed go with the
+  // system.
+  absl::StatusOr<Event> Free(const MemoryBuffer& buffer,
+                             absl::Span<const Event> wait_for = {});
+  // One memory's statistics (PJRT's Device_MemoryStats fields).
+  // INVALID_ARGUMENT for a bad memory id.
+  absl::StatusOr<MemoryStats> GetMemoryStats(int memory) const;
 
   struct Impl;  // driver/system.cc
 

@@ -45,6 +45,18 @@ enum class HostBufferSemantics {
   // device→host, untouched — until the transfer's event is ready. The call
   // returns at once; the engine may DMA straight from/to the buffer later.
   kImmutableUntilTransferCompletes,
+  // PJRT's two zero-copy semantics, for a host-memory buffer made over the
+  // caller's bytes (System::CreateMemoryBuffer): the buffer may alias them
+  // instead of copying (docs/api.md says when it does). The caller keeps
+  // them valid until the buffer is freed, and does not change them.
+  kImmutableZeroCopy,
+  // As kImmutableZeroCopy, and the buffer's memory is the caller's bytes:
+  // what is copied into the buffer lands there. The caller neither reads
+  // nor writes them until the buffer's copies are done.
+  kMutableZeroCopy,
+  // Given to a transfer (TransferToDevice, ...), the two zero-copy values
+  // mean kImmutableUntilTransferCompletes: a transfer never outlives its
+  // event.
 };
 TPUSHIM_EXPORT absl::string_view HostBufferSemanticsName(
     HostBufferSemantics semantics);

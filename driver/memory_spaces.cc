@@ -1,0 +1,681 @@
+#include "driver/memory_spaces.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "common/status_macros.h"
+#include "device/hbm_report.h"
+#include "device/xla_shape.h"
+
+namespace tpushim {
+
+using memory_internal::BufferState;
+using memory_internal::HostCounters;
+using memory_internal::HostStorage;
+
+absl::string_view MemoryKindName(MemoryKind kind) {
+  switch (kind) {
+    case MemoryKind::kDevice:
+      return "device";
+    case MemoryKind::kPinnedHost:
+      return "pinned_host";
+    case MemoryKind::kUnpinnedHost:
+      return "unpinned_host";
+  }
+  return "unknown";
+}
+
+// ---- MemoryBuffer -----------------------------------------------------------
+
+int MemoryBuffer::memory() const { return state_ ? state_->memory : -1; }
+MemoryKind MemoryBuffer::kind() const {
+  return state_ ? state_->kind : MemoryKind::kDevice;
+}
+uint64_t MemoryBuffer::size() const { return state_ ? state_->size : 0; }
+void* MemoryBuffer::data() const { return state_ ? state_->data : nullptr; }
+DeviceBuffer MemoryBuffer::device_buffer() const {
+  return state_ ? state_->device : DeviceBuffer();
+}
+bool MemoryBuffer::aliases_caller_memory() const {
+  return state_ && state_->aliased;
+}
+bool MemoryBuffer::mutable_alias() const {
+  return state_ && state_->mutable_alias;
+}
+std::string MemoryBuffer::shape() const {
+  return state_ ? state_->shape : std::string();
+}
+uint64_t MemoryBuffer::unpadded_size() const {
+  return state_ ? state_->unpadded : 0;
+}
+uint64_t MemoryBuffer::host_size() const {
+  return state_ ? state_->host_bytes : 0;
+}
+std::string MemoryBuffer::label() const {
+  return state_ ? state_->label : std::string();
+}
+
+namespace memory_internal {
+
+HostStorage::~HostStorage() {
+  std::free(heap);
+  if (counters != nullptr) {
+    MutexLock lock(&counters->mu);
+    HostCounters::One& c = counters->host[slot];
+    c.bytes_in_use -= size;
+    --c.buffers_live;
+  }
+}
+
+}  // namespace memory_internal
+
+namespace {
+
+constexpr uint64_t kHeapAlignment = 4096;
+
+int HostSlot(MemoryKind kind) {
+  return kind == MemoryKind::kPinnedHost ? 0 : 1;
+}
+
+}  // namespace
+
+// ---- MemorySpaces
+// -------------------------------------------------------------
+
+MemorySpaces::MemorySpaces(System* system, TransferEngine* engine,
+                           PremappedRegion* region,
+                           std::vector<DeviceDescription> devices,
+                           AllocatePinned allocate_pinned)
+    : system_(system),
+      engine_(engine),
+      region_(region),
+      devices_(std::move(devices)),
+      device_count_(static_cast<int>(devices_.size())),
+      allocate_pinned_(std::move(allocate_pinned)),
+      counters_(std::make_shared<HostCounters>()),
+      executor_(std::make_unique<transfer_internal::CallbackExecutor>()) {}
+
+MemorySpaces::~MemorySpaces() { Shutdown(); }
+
+void MemorySpaces::Shutdown() {
+  // Runs what is queued (host copies, frees) and stops the thread.
+  executor_.reset();
+  std::vector<std::shared_ptr<State>> live;
+  {
+    MutexLock lock(&mu_);
+    for (const std::weak_ptr<State>& w : host_buffers_) {
+      if (std::shared_ptr<State> s = w.lock()) live.push_back(std::move(s));
+    }
+    host_buffers_.clear();
+  }
+  for (const std::shared_ptr<State>& s : live) {
+    std::shared_ptr<HostStorage> storage;
+    {
+      MutexLock lock(&s->mu);
+      s->freed = true;
+      storage = std::move(s->storage);
+    }
+    // Released here, outside the buffer's lock, while the region is alive.
+  }
+}
+
+std::vector<MemoryDescription> MemorySpaces::List() const {
+  std::vector<MemoryDescription> out;
+  std::vector<int> all(device_count_);
+  for (int i = 0; i < device_count_; ++i) all[i] = i;
+  for (int i = 0; i < device_count_; ++i) {
+    out.push_back(MemoryDescription{
+        .id = i,
+        .kind = MemoryKind::kDevice,
+        .kind_name = std::string(MemoryKindName(MemoryKind::kDevice)),
+        .description = absl::StrCat(devices_[i].name, " HBM"),
+        .devices = {i},
+        .capacity_bytes = devices_[i].hbm_bytes});
+  }
+  out.push_back(MemoryDescription{
+      .id = pinned_host_id(),
+      .kind = MemoryKind::kPinnedHost,
+      .kind_name = std::string(MemoryKindName(MemoryKind::kPinnedHost)),
+      .description = region_ != nullptr ? "pinned_host (premapped region)"
+                                        : "pinned_host (premapped region off: "
+                                          "TPU_PREMAPPED_BUFFER_SIZE=0)",
+      .devices = all,
+      .capacity_bytes = region_ != nullptr ? region_->size() : 0});
+  out.push_back(MemoryDescription{
+      .id = unpinned_host_id(),
+      .kind = MemoryKind::kUnpinnedHost,
+      .kind_name = std::string(MemoryKindName(MemoryKind::kUnpinnedHost)),
+      .description = "unpinned_host (pageable host memory)",
+      .devices = all,
+      .capacity_bytes = 0});
+  return out;
+}
+
+absl::Status MemorySpaces::CheckMemory(absl::string_view what,
+                                       int memory) const {
+  if (memory < 0 || memory > unpinned_host_id()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": memory ", memory, " does not exist (memories 0..",
+        unpinned_host_id(), ": ",
+        device_count_ == 1
+            ? "0 is the device's HBM"
+            : absl::StrCat("0..", device_count_ - 1, " the devices' HBM"),
+        ", ", pinned_host_id(), " pinned_host, ", unpinned_host_id(),
+        " unpinned_host)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<BufferState>> MemorySpaces::Use(
+    absl::string_view what, const MemoryBuffer& buffer) const {
+  const std::shared_ptr<State>& s = buffer.state();
+  if (s == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the buffer refers to nothing"));
+  }
+  if (s->owner != this) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, ": the buffer belongs to another system"));
+  }
+  if (s->kind == MemoryKind::kDevice && !s->device.valid()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, ": the buffer wraps a DeviceBuffer that refers to nothing"));
+  }
+  if (s->kind != MemoryKind::kDevice) {
+    MutexLock lock(&s->mu);
+    if (s->freed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": the ", MemoryKindName(s->kind),
+                       " buffer was freed (System::Free, or its system went)"));
+    }
+  }
+  return s;
+}
+
+std::shared_ptr<BufferState> MemorySpaces::NewHostState(
+    int memory, std::shared_ptr<HostStorage> storage) {
+  auto s = std::make_shared<State>();
+  s->owner = this;
+  s->memory = memory;
+  s->kind = memory == pinned_host_id() ? MemoryKind::kPinnedHost
+                                       : MemoryKind::kUnpinnedHost;
+  if (storage != nullptr) {
+    s->size = storage->size;
+    s->data = storage->data;
+    s->unpadded = storage->size;
+    s->host_bytes = storage->size;
+  }
+  {
+    MutexLock lock(&s->mu);
+    s->storage = std::move(storage);
+  }
+  MutexLock lock(&mu_);
+  // Forget buffers that are gone, now and then, so the list stays short.
+  if (host_buffers_.size() >= 64 &&
+      (host_buffers_.size() & (host_buffers_.size() - 1)) == 0) {
+    host_buffers_.erase(
+        std::remove_if(
+            host_buffers_.begin(), host_buffers_.end(),
+            [](const std::weak_ptr<State>& w) { return w.expired(); }),
+        host_buffers_.end());
+  }
+  host_buffers_.push_back(s);
+  return s;
+}
+
+absl::StatusOr<std::shared_ptr<HostStorage>> MemorySpaces::NewStorage(
+    absl::string_view what, int memory, uint64_t size, const State* request) {
+  auto storage = std::make_shared<HostStorage>();
+  storage->size = size;
+  if (memory == pinned_host_id()) {
+    absl::StatusOr<PinnedHostBuffer> p = allocate_pinned_(size);
+    if (!p.ok()) {
+      // libtpu's text as the region gives it, then the report of what holds
+      // pinned_host; other errors say which call and memory they are about.
+      if (!absl::IsResourceExhausted(p.status()) || region_ == nullptr) {
+        return absl::Status(
+            p.status().code(),
+            absl::StrCat(what, ": memory ", memory,
+                         " (pinned_host): ", p.status().message()));
+      }
+      std::string text(p.status().message());
+      {
+        State fallback;
+        fallback.size = size;
+        fallback.unpadded = size;
+        absl::StrAppend(&text, "\n",
+                        PinnedReport(request != nullptr ? *request : fallback));
+      }
+      return absl::Status(p.status().code(), text);
+    }
+    storage->pinned = *std::move(p);
+    storage->data = static_cast<char*>(storage->pinned.data());
+    std::memset(storage->data, 0, size);
+  } else {
+    const uint64_t rounded =
+        (size + kHeapAlignment - 1) / kHeapAlignment * kHeapAlignment;
+    storage->heap = std::aligned_alloc(kHeapAlignment, rounded);
+    if (storage->heap == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat(what, ": out of host memory allocating ", size,
+                       " bytes of unpinned_host memory"));
+    }
+    storage->data = static_cast<char*>(storage->heap);
+    std::memset(storage->data, 0, size);
+  }
+  const int slot = memory == pinned_host_id() ? 0 : 1;
+  storage->counters = counters_;
+  storage->slot = slot;
+  MutexLock lock(&counters_->mu);
+  HostCounters::One& c = counters_->host[slot];
+  c.bytes_in_use += size;
+  c.peak_bytes_in_use = std::max(c.peak_bytes_in_use, c.bytes_in_use);
+  ++c.buffers_live;
+  // pinned_host allocations are counted by the system's AllocatePinnedHost.
+  if (slot == 1) {
+    ++c.num_allocs;
+    c.largest_alloc_size = std::max(c.largest_alloc_size, size);
+  }
+  return storage;
+}
+
+void MemorySpaces::CountPinnedAllocation(uint64_t size) {
+  MutexLock lock(&counters_->mu);
+  HostCounters::One& c = counters_->host[0];
+  ++c.num_allocs;
+  c.largest_alloc_size = std::max(c.largest_alloc_size, size);
+}
+
+std::string MemorySpaces::PinnedReport(const State& request) const {
+  std::vector<HbmBuffer> buffers;
+  uint64_t listed = 0;
+  auto entry = [](const State& s, bool failed) {
+    HbmBuffer b;
+    b.padded_bytes = s.size;
+    b.unpadded_bytes = s.unpadded;
+    b.held_bytes = (s.size + 63) / 64 * 64;  // the region's 64-byte rounding
+    if (!s.shape.empty()) {
+      absl::StatusOr<ArrayShape> a = ParseArrayShape(s.shape);
+      if (a.ok()) b.shape = *a;
+    }
+    b.label = s.label;
+    b.op_metadata = s.op_metadata;
+    b.failed_request = failed;
+    return b;
+  };
+  // Released after the lock: the last reference may free region bytes.
+  std::vector<std::shared_ptr<State>> live;
+  {
+    MutexLock lock(&mu_);
+    for (const std::weak_ptr<State>& w : host_buffers_) {
+      std::shared_ptr<State> s = w.lock();
+      if (s != nullptr && s->kind == MemoryKind::kPinnedHost && !s->aliased) {
+        live.push_back(std::move(s));
+      }
+    }
+  }
+  for (const std::shared_ptr<State>& s : live) {
+    {
+      MutexLock state_lock(&s->mu);
+      if (s->storage == nullptr) continue;
+    }
+    buffers.push_back(entry(*s, false));
+    listed += buffers.back().held_bytes;
+  }
+  const RegionAllocator::Stats r = region_->allocator().GetStats();
+  if (r.bytes_in_use > listed) {
+    HbmBuffer other;
+    other.padded_bytes = other.unpadded_bytes = other.held_bytes =
+        r.bytes_in_use - listed;
+    other.label =
+        "(other use of the region: AllocatePinnedHost buffers and transfer "
+        "staging)";
+    buffers.push_back(other);
+  }
+  buffers.push_back(entry(request, true));
+  return FormatMemorySpaceReport("pinned_host", "pinned_host buffers",
+                                 region_->size(), buffers);
+}
+
+absl::StatusOr<MemoryBuffer> MemorySpaces::Allocate(int memory, uint64_t size) {
+  constexpr absl::string_view kWhat = "AllocateInMemory";
+  TPUSHIM_RETURN_IF_ERROR(CheckMemory(kWhat, memory));
+  if (memory < device_count_) {
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer b,
+                             system_->AllocateDevice(memory, size));
+    return Wrap(b);
+  }
+  if (size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": a buffer must be at least 1 byte"));
+  }
+  State request;
+  request.size = request.unpadded = size;
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<HostStorage> storage,
+                           NewStorage(kWhat, memory, size, &request));
+  return MemoryBuffer(NewHostState(memory, std::move(storage)));
+}
+
+absl::StatusOr<MemoryBuffer> MemorySpaces::Allocate(
+    int memory, const DeviceBufferSpec& spec) {
+  constexpr absl::string_view kWhat = "AllocateInMemory";
+  TPUSHIM_RETURN_IF_ERROR(CheckMemory(kWhat, memory));
+  if (memory < device_count_) {
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer b,
+                             system_->AllocateDevice(memory, spec));
+    return Wrap(b);
+  }
+  // The device's tiled image, as a device would hold it (tpushim/memory.h).
+  absl::StatusOr<Shape> parsed = ParseShape(spec.shape);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ", parsed.status().message()));
+  }
+  if (parsed->is_tuple) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": ", spec.shape,
+        " is a tuple; each of its elements is a buffer of its own, allocate "
+        "them one by one"));
+  }
+  absl::StatusOr<ShapeSizes> sizes = ComputeSizes(parsed->array);
+  if (!sizes.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ", sizes.status().message()));
+  }
+  if (sizes->padded_bytes == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ", ToString(parsed->array),
+                     " has no elements; a buffer must be at least 1 byte"));
+  }
+  State request;
+  request.size = sizes->padded_bytes;
+  request.unpadded = sizes->unpadded_bytes;
+  request.shape = ToString(parsed->array);
+  request.label = spec.label;
+  request.op_metadata = spec.op_metadata;
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<HostStorage> storage,
+      NewStorage(kWhat, memory, sizes->padded_bytes, &request));
+  std::shared_ptr<State> s = NewHostState(memory, std::move(storage));
+  s->shape = request.shape;
+  s->unpadded = sizes->unpadded_bytes;
+  s->host_bytes = HostBytes(parsed->array);
+  s->label = spec.label;
+  s->op_metadata = spec.op_metadata;
+  return MemoryBuffer(std::move(s));
+}
+
+MemoryBuffer MemorySpaces::Wrap(const DeviceBuffer& buffer) const {
+  auto s = std::make_shared<State>();
+  s->owner = this;
+  s->memory = buffer.valid() ? buffer.device() : 0;
+  s->kind = MemoryKind::kDevice;
+  s->device = buffer;
+  if (buffer.valid()) {
+    s->size = buffer.size();
+    s->shape = buffer.shape();
+    s->unpadded = buffer.unpadded_size();
+    s->host_bytes = buffer.host_size();
+    s->label = buffer.label();
+    s->op_metadata = buffer.op_metadata();
+  }
+  return MemoryBuffer(std::move(s));
+}
+
+absl::StatusOr<MemoryCopy> MemorySpaces::Create(const void* data, uint64_t size,
+                                                int memory,
+                                                HostBufferSemantics semantics) {
+  constexpr absl::string_view kWhat = "CreateMemoryBuffer";
+  TPUSHIM_RETURN_IF_ERROR(CheckMemory(kWhat, memory));
+  if (size == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": a buffer must be at least 1 byte"));
+  }
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": the host data is null"));
+  }
+  if (memory < device_count_) {
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer b,
+                             system_->AllocateDevice(memory, size));
+    absl::StatusOr<Event> up =
+        system_->TransferToDevice(data, b, 0, size, {}, semantics);
+    if (!up.ok()) {
+      (void)system_->Deallocate(b);
+      return up.status();
+    }
+    return MemoryCopy{Wrap(b), *up};
+  }
+  const bool zero_copy = semantics == HostBufferSemantics::kImmutableZeroCopy ||
+                         semantics == HostBufferSemantics::kMutableZeroCopy;
+  const bool is_mutable = semantics == HostBufferSemantics::kMutableZeroCopy;
+  // Any host memory is unpinned_host memory; pinned_host aliases only what
+  // every device DMAs directly.
+  const bool can_alias =
+      memory == unpinned_host_id() ||
+      engine_->ClassifyHostRange(data, size) != HostRange::kPageable;
+  if (zero_copy && can_alias) {
+    std::shared_ptr<State> s = NewHostState(memory, nullptr);
+    s->size = s->unpadded = s->host_bytes = size;
+    s->data = static_cast<char*>(const_cast<void*>(data));
+    s->aliased = true;
+    s->mutable_alias = is_mutable;
+    {
+      MutexLock lock(&counters_->mu);
+      HostCounters::One& c = counters_->host[HostSlot(s->kind)];
+      ++c.buffers_live;
+      if (s->kind == MemoryKind::kUnpinnedHost) {
+        c.bytes_in_use += size;
+        c.peak_bytes_in_use = std::max(c.peak_bytes_in_use, c.bytes_in_use);
+      }
+    }
+    // Counted out when the last handle goes (or the system does).
+    auto counters = counters_;
+    const int slot = HostSlot(s->kind);
+    const uint64_t in_use = s->kind == MemoryKind::kUnpinnedHost ? size : 0;
+    auto release = std::shared_ptr<HostStorage>(
+        new HostStorage(), [counters, slot, in_use](HostStorage* h) {
+          delete h;
+          MutexLock lock(&counters->mu);
+          counters->host[slot].bytes_in_use -= in_use;
+          --counters->host[slot].buffers_live;
+        });
+    {
+      MutexLock lock(&s->mu);
+      s->storage = std::move(release);
+    }
+    return MemoryCopy{MemoryBuffer(std::move(s)), Event()};
+  }
+  if (is_mutable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": kMutableZeroCopy needs the host range [0x",
+        absl::Hex(reinterpret_cast<uintptr_t>(data)), ", +", size,
+        ") to lie in memory every device DMAs directly (the premapped "
+        "region) to alias it as pinned_host, and a copy would not be "
+        "mutable through it; allocate the buffer in pinned_host "
+        "(AllocateInMemory) and write there, or ask for kImmutableZeroCopy, "
+        "which copies"));
+  }
+  State request;
+  request.size = request.unpadded = size;
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<HostStorage> storage,
+                           NewStorage(kWhat, memory, size, &request));
+  std::memcpy(storage->data, data, size);
+  return MemoryCopy{MemoryBuffer(NewHostState(memory, std::move(storage))),
+                    Event()};
+}
+
+absl::StatusOr<Event> MemorySpaces::AfterAll(absl::Span<const Event> wait_for,
+                                             std::function<absl::Status()> fn) {
+  bool all_ready = true;
+  for (const Event& e : wait_for) {
+    if (!e.IsReady()) all_ready = false;
+  }
+  if (all_ready) {
+    for (const Event& e : wait_for) {
+      absl::Status s = e.Await();
+      if (!s.ok()) return Event::Ready(s);
+    }
+    return Event::Ready(fn());
+  }
+  if (executor_ == nullptr) {
+    return absl::FailedPreconditionError("The system is shutting down");
+  }
+  auto event = std::make_shared<transfer_internal::EventState>(executor_.get());
+  struct Join {
+    std::atomic<int> pending;
+    Mutex mu;
+    absl::Status first ABSL_GUARDED_BY(mu);
+    std::function<absl::Status()> fn;
+  };
+  auto join = std::make_shared<Join>();
+  join->pending.store(static_cast<int>(wait_for.size()));
+  join->fn = std::move(fn);
+  transfer_internal::CallbackExecutor* executor = executor_.get();
+  for (const Event& e : wait_for) {
+    e.state()->AddContinuation([join, event, executor](const absl::Status& s) {
+      if (!s.ok()) {
+        MutexLock lock(&join->mu);
+        if (join->first.ok()) join->first = s;
+      }
+      if (join->pending.fetch_sub(1) != 1) return;
+      // Off the resolving (DMA) thread: the work may copy many bytes.
+      executor->Post([join, event] {
+        absl::Status first;
+        {
+          MutexLock lock(&join->mu);
+          first = join->first;
+        }
+        const absl::Status status = first.ok() ? join->fn() : first;
+        join->fn = nullptr;  // what it holds goes before the event is ready
+        event->Resolve(status);
+      });
+    });
+  }
+  return Event(event);
+}
+
+absl::StatusOr<MemoryCopy> MemorySpaces::CopyToMemory(
+    const MemoryBuffer& src, int memory, absl::Span<const Event> wait_for) {
+  constexpr absl::string_view kWhat = "CopyToMemory";
+  TPUSHIM_RETURN_IF_ERROR(CheckMemory(kWhat, memory));
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<State> s, Use(kWhat, src));
+  std::shared_ptr<HostStorage> src_storage;
+  if (s->kind != MemoryKind::kDevice) {
+    MutexLock lock(&s->mu);
+    src_storage = s->storage;
+  }
+  // The destination: the same shape (or size) in `memory`.
+  DeviceBufferSpec spec{
+      .shape = s->shape, .label = s->label, .op_metadata = s->op_metadata};
+  absl::StatusOr<MemoryBuffer> dst =
+      s->shape.empty() ? Allocate(memory, s->size) : Allocate(memory, spec);
+  if (!dst.ok()) return dst.status();
+  const std::shared_ptr<State>& d = dst->state();
+  std::shared_ptr<HostStorage> dst_storage;
+  if (d->kind != MemoryKind::kDevice) {
+    MutexLock lock(&d->mu);
+    dst_storage = d->storage;
+  }
+  // The bytes both hold (a device may round a buffer up to its block).
+  const uint64_t n = std::min(s->size, d->size);
+  absl::StatusOr<Event> event;
+  if (s->kind == MemoryKind::kDevice && d->kind == MemoryKind::kDevice) {
+    event = system_->TransferDeviceToDevice(s->device, 0, d->device, 0, n,
+                                            wait_for);
+  } else if (s->kind == MemoryKind::kDevice) {
+    // Straight into the destination's bytes: in pinned_host that is the
+    // region, which the device DMAs directly.
+    event = system_->TransferFromDevice(
+        s->device, 0, d->data, n, wait_for,
+        HostBufferSemantics::kImmutableUntilTransferCompletes);
+  } else if (d->kind == MemoryKind::kDevice) {
+    event = system_->TransferToDevice(
+        s->data, d->device, 0, n, wait_for,
+        HostBufferSemantics::kImmutableUntilTransferCompletes);
+  } else {
+    char* const to = d->data;
+    const char* const from = s->data;
+    event = AfterAll(wait_for, [to, from, n] {
+      std::memmove(to, from, n);
+      return absl::OkStatus();
+    });
+  }
+  if (!event.ok()) {
+    (void)Free(*dst, {});
+    return event.status();
+  }
+  // Both sides' host bytes live until the copy is done, whatever Free does;
+  // released on the completing thread before the event's other
+  // continuations run (a Free waiting for this copy frees after it).
+  if (src_storage != nullptr || dst_storage != nullptr) {
+    event->state()->AddContinuation(
+        [src_storage = std::move(src_storage),
+         dst_storage = std::move(dst_storage)](const absl::Status&) mutable {
+          src_storage.reset();
+          dst_storage.reset();
+        });
+  }
+  return MemoryCopy{*std::move(dst), *event};
+}
+
+absl::StatusOr<Event> MemorySpaces::Free(const MemoryBuffer& buffer,
+                                         absl::Span<const Event> wait_for) {
+  constexpr absl::string_view kWhat = "Free";
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<State> s, Use(kWhat, buffer));
+  if (s->kind == MemoryKind::kDevice) {
+    return system_->Deallocate(s->device, wait_for);
+  }
+  std::shared_ptr<HostStorage> storage;
+  {
+    MutexLock lock(&s->mu);
+    if (s->freed) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(kWhat, ": the ", MemoryKindName(s->kind),
+                       " buffer was freed already"));
+    }
+    s->freed = true;
+    storage = std::move(s->storage);
+  }
+  // Released once `wait_for` is done (and copies in flight, which hold
+  // their own reference).
+  return AfterAll(wait_for, [storage = std::move(storage)]() mutable {
+    storage.reset();
+    return absl::OkStatus();
+  });
+}
+
+MemoryStats MemorySpaces::HostStats(int memory) const {
+  MemoryStats m;
+  m.memory = memory;
+  const bool pinned = memory == pinned_host_id();
+  m.kind = pinned ? MemoryKind::kPinnedHost : MemoryKind::kUnpinnedHost;
+  HostCounters::One c;
+  {
+    MutexLock lock(&counters_->mu);
+    c = counters_->host[pinned ? 0 : 1];
+  }
+  m.num_allocs = c.num_allocs;
+  m.largest_alloc_size = c.largest_alloc_size;
+  m.buffers_live = c.buffers_live;
+  if (pinned) {
+    if (region_ != nullptr) {
+      const RegionAllocator::Stats r = region_->allocator().GetStats();
+      m.bytes_in_use = r.bytes_in_use;
+      m.peak_bytes_in_use = r.peak_bytes_in_use;
+      m.bytes_limit = r.capacity_bytes;
+      m.largest_free_block_bytes = r.largest_free_block;
+    }
+  } else {
+    m.bytes_in_use = c.bytes_in_use;
+    m.peak_bytes_in_use = c.peak_bytes_in_use;
+    m.has_bytes_limit = false;
+  }
+  return m;
+}
+
+}  // namespace tpushim
