@@ -53,6 +53,7 @@ mutations=(
   'io-uring-pin :: env/posix/posix_os.cc :: pins != nullptr && hull.length() <= kMaxIoUringPin :: false :: os_test :: *Pin* :: caller memory is pinned with the kernel'"'"'s long-term pin'
   'fork-advice :: env/posix/fork_guard.cc :: os.Madvise(addr, length, MADV_DONTFORK) :: os.Madvise(addr, length, MADV_NORMAL) :: fork_test :: *ParentWrites*:*Sigsegv* :: a fork() child never shares the DMA memory: no copy-on-write for the parent'
   'bounce-routing :: transfer/engine_queues.cc :: if (bounce_ != nullptr && size > 0 && :: if (false && size > 0 && :: bounce_pool_test :: *SmallTransfers*:*ManyThreads* :: with the region off, small transfers go through the bounce pool instead of pinning'
+  'host-released-at-dma-end :: transfer/engine_staging.cc :: ReleaseHost(op, i < n ? op.Error() : absl::OkStatus()); :: op.host_released.Notify(); :: transfer_events_test :: *StagedHostReleased*:*IsNeverLater* :: on the staged path host_released resolves when the last byte is in staging, before the DMA ends'
 )
 
 usage() {

@@ -10,6 +10,8 @@
 //   engine_staging.cc      the staged path: staging budget and the pipeline
 //   engine_pinned.cc       the pinned path
 //   engine_completion.cc   DMA completions, finishing and cancelling
+//   engine_events.cc       host_released, caller events, buffer readiness,
+//                          chunked transfers
 //
 // Thread-safety: as TransferEngine's (see its header); the members say
 // which lock guards them.
