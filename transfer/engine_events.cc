@@ -2,6 +2,7 @@
 // events, buffer readiness and chunked host→device transfers.
 
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <utility>
 #include <vector>

@@ -236,6 +236,7 @@ absl::StatusOr<std::shared_ptr<EventState>> CallerEventHub::Create() {
 }
 
 absl::Status CallerEventHub::Set(EventState& state, absl::Status status) {
+  if (ForkedChildOf(pid_)) return ForkedChildError("This event", pid_);
   {
     MutexLock lock(&mu_);
     if (state.IsReady() && !(closed_ && state.status() == close_status_)) {

@@ -150,7 +150,7 @@ class CallerEventHub {
   absl::StatusOr<std::shared_ptr<EventState>> Create();
   // Makes `state` (from Create) ready with `status`. FAILED_PRECONDITION,
   // changing nothing, when it is ready already: set before, or failed by
-  // Close (the message says which).
+  // Close (the message says which); or in a fork() child.
   absl::Status Set(EventState& state, absl::Status status);
   // Fails every pending event with `status` (CANCELLED), waits for the
   // Sets under way, and refuses every later Create and Set.
@@ -159,6 +159,9 @@ class CallerEventHub {
  private:
   CallbackExecutor* const executor_;
   const void* const owner_;
+  // In a fork() child nothing may be set: waking the parent's engine
+  // there would take locks another parent thread may have held.
+  const pid_t pid_ = CurrentProcessId();
   Mutex mu_;
   CondVar idle_cv_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
