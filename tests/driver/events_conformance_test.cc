@@ -6,6 +6,7 @@
 // event, and caller events in wait_for lists and callbacks.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <string>
@@ -213,6 +214,62 @@ TEST_F(EventsCApiTest, NullArgsAndSmallStructSizesAreInvalidArgument) {
   TpuShim_Transfer_Chunk_Args k{};
   k.struct_size = TPUSHIM_TRANSFER_CHUNK_ARGS_STRUCT_SIZE - 1;
   EXPECT_EQ(Take(api_->Transfer_Chunk(&k)).code, TPUSHIM_CODE_INVALID_ARGUMENT);
+}
+
+// Calls `fn` with `args` in a buffer 32 bytes larger than Args, filled
+// with 0xA5 past the struct, and struct_size saying so (a caller built
+// against a newer header); true when the tail is untouched afterwards.
+template <typename Args>
+bool TailUntouched(TpuShim_Error* (*fn)(Args*), Args args, Result* result,
+                   const TpuShim_Api* api) {
+  constexpr size_t kTail = 32;
+  alignas(std::max_align_t) unsigned char storage[sizeof(Args) + kTail];
+  std::memset(storage, 0xA5, sizeof storage);
+  args.struct_size = sizeof storage;
+  std::memcpy(storage, &args, sizeof(Args));
+  TpuShim_Error* error = fn(reinterpret_cast<Args*>(storage));
+  *result = Result{api->Error_Code(error), api->Error_Message(error)};
+  api->Error_Destroy(error);
+  for (size_t i = sizeof(Args); i < sizeof storage; ++i) {
+    if (storage[i] != 0xA5) return false;
+  }
+  return true;
+}
+
+TEST_F(EventsCApiTest, LargerStructsAreAcceptedAndTheirTailIsNotWritten) {
+  Result r;
+  TpuShim_Event_Create_Args c{};
+  c.system = system_;
+  EXPECT_TRUE(TailUntouched(api_->Event_Create, c, &r, api_));
+  EXPECT_TRUE(r.ok()) << r.message;
+  const TpuShim_DeviceBuffer b = Allocate(64);
+  TpuShim_DeviceBuffer_ReadyEvent_Args re{};
+  re.system = system_;
+  re.buffer = b;
+  EXPECT_TRUE(TailUntouched(api_->DeviceBuffer_ReadyEvent, re, &r, api_));
+  EXPECT_TRUE(r.ok()) << r.message;
+  TpuShim_Transfer_BeginChunked_Args bc{};
+  bc.system = system_;
+  bc.buffer = b;
+  EXPECT_TRUE(TailUntouched(api_->Transfer_BeginChunked, bc, &r, api_));
+  EXPECT_TRUE(r.ok()) << r.message;
+  char src[64] = {};
+  TpuShim_Transfer_Chunk_Args k{};
+  k.system = system_;
+  k.src = src;
+  k.dst = b;
+  k.size = sizeof src;
+  k.is_last = 1;
+  k.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+  EXPECT_TRUE(TailUntouched(api_->Transfer_Chunk, k, &r, api_));
+  EXPECT_TRUE(r.ok()) << r.message;
+  TpuShim_Event gate = NewEvent();
+  TpuShim_Event_Set_Args set{};
+  set.event = gate;
+  EXPECT_TRUE(TailUntouched(api_->Event_Set, set, &r, api_));
+  EXPECT_TRUE(r.ok()) << r.message;
+  EXPECT_TRUE(Await(gate).ok());
+  EXPECT_TRUE(Destroy(gate).ok());
 }
 
 TEST_F(EventsCApiTest, ACallerEventGatesATransferAndIsSetOnce) {
