@@ -27,6 +27,12 @@
 //                                off through the bounce pool, region off
 //                                pinned (no pool), alternated in rounds
 //
+//   BM_HostReleased              a staged host→device transfer of the
+//                                largest size (threshold raised so it
+//                                stages): time to host_released (the
+//                                caller's buffer free) and to ready, side
+//                                by side over --rounds repeats (medians)
+//
 //   BM_SideBySide                at the largest size, R rounds (--rounds,
 //                                default 25) each timing memcpy and every
 //                                direction and path once, rotated; the
@@ -165,6 +171,16 @@ Rig& LinkRig() {
               "sim://?hbm=" +
                   std::to_string(std::max<uint64_t>(g_max_size, 64 << 20) * 2) +
                   "&link_gbps=25");
+  return *rig;
+}
+
+// Everything up to the largest size is staged (threshold = --max-size).
+Rig& StagedRig() {
+  static Rig* rig =
+      new Rig(g_region,
+              "sim://?hbm=" +
+                  std::to_string(std::max<uint64_t>(g_max_size, 64 << 20) * 2),
+              g_max_size);
   return *rig;
 }
 
@@ -559,6 +575,38 @@ void BM_SideBySide(benchmark::State& state) {
   (void)rig.region->allocator().Free(*b);
 }
 
+// One staged host→device transfer at a time; the caller's thread awaits
+// host_released, then ready (never earlier than host_released).
+void BM_HostReleased(benchmark::State& state) {
+  const uint64_t n = g_max_size;
+  Rig& rig = StagedRig();
+  HostBytes src = Warm(n, 3);
+  std::vector<double> released_ms, ready_ms, fraction;
+  for (auto _ : state) {
+    for (int round = 0; round < g_rounds; ++round) {
+      const auto t0 = std::chrono::steady_clock::now();
+      auto ev =
+          rig.engine->TransferToDeviceWithEvents(src.data(), rig.buffer, 0, n);
+      if (!ev.ok()) Die(ev.status(), "host_released");
+      if (!ev->host_released.Await().ok()) Die(ev.status(), "host_released");
+      const auto t1 = std::chrono::steady_clock::now();
+      if (!ev->ready.Await().ok()) Die(ev.status(), "ready");
+      const auto t2 = std::chrono::steady_clock::now();
+      const double a =
+          std::chrono::duration<double, std::milli>(t1 - t0).count();
+      const double b =
+          std::chrono::duration<double, std::milli>(t2 - t0).count();
+      released_ms.push_back(a);
+      ready_ms.push_back(b);
+      fraction.push_back(a / b);
+    }
+  }
+  state.counters["released_ms"] = Percentile(released_ms, 0.5);
+  state.counters["ready_ms"] = Percentile(ready_ms, 0.5);
+  state.counters["released_over_ready"] = Percentile(fraction, 0.5);
+  state.counters["released_over_ready_max"] = Percentile(fraction, 1.0);
+}
+
 std::vector<int64_t> Sizes() {
   std::vector<int64_t> sizes;
   for (uint64_t s = 4096; s <= g_max_size; s *= 16) sizes.push_back(s);
@@ -592,6 +640,9 @@ void Register() {
     }
   }
   benchmark::RegisterBenchmark("BM_SideBySide", BM_SideBySide)
+      ->Iterations(1)
+      ->UseRealTime();
+  benchmark::RegisterBenchmark("BM_HostReleased", BM_HostReleased)
       ->Iterations(1)
       ->UseRealTime();
   for (int dir = 0; dir < 2; ++dir) {
@@ -728,6 +779,12 @@ class SummaryReporter : public benchmark::ConsoleReporter {
       row("  region off / on p99, no pool (pinned)",
           counter(n + "pinned_p99_ratio"), "");
     }
+    const std::string hr = "BM_HostReleased/iterations:1/real_time:";
+    row("staged h2d: ms to host_released (median)", counter(hr + "released_ms"),
+        "");
+    row("staged h2d: ms to ready (median)", counter(hr + "ready_ms"), "");
+    row("  host_released / ready (median; <1 = earlier)",
+        counter(hr + "released_over_ready"), "<1");
     const double link = rate("BM_Link25/" + big + "/real_time");
     row("link_gbps=25 throughput / modelled link", link / (25e9 / 8), ">=0.95");
   }

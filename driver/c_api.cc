@@ -445,6 +445,15 @@ TpuShim_Error* TransferToDevice(TpuShim_Transfer_ToDevice_Args* args) {
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
+    if (args->struct_size >= TPUSHIM_STRUCT_SIZE(
+                                 TpuShim_Transfer_ToDevice_Args, host_released)) {
+      return SubmitWithEvents(
+          call.id(), &args->event, &args->host_released, [&] {
+            return call.system().TransferToDeviceWithEvents(
+                args->src, dst, args->dst_offset, args->size, wait_for,
+                semantics);
+          });
+    }
     return SubmitWithEvent(call.id(), &args->event, [&] {
       return call.system().TransferToDevice(args->src, dst, args->dst_offset,
                                             args->size, wait_for, semantics);
@@ -619,6 +628,11 @@ constexpr TpuShim_Api kApi = {
     .MemoryBuffer_GetInfo = MemoryBufferGetInfo,
     .MemoryBuffer_Free = MemoryBufferFree,
     .System_GetMemoryStats = SystemGetMemoryStats,
+    .Event_Create = EventCreate,
+    .Event_Set = EventSet,
+    .DeviceBuffer_ReadyEvent = DeviceBufferReadyEvent,
+    .Transfer_BeginChunked = TransferBeginChunked,
+    .Transfer_Chunk = TransferChunk,
     .HostMemory_Register = HostMemoryRegister,
     .HostMemory_Unregister = HostMemoryUnregister,
 };

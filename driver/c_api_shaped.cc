@@ -76,6 +76,15 @@ TpuShim_Error* TransferArrayToDevice(
     TPUSHIM_ASSIGN_OR_RETURN(
         std::vector<Event> wait_for,
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
+    if (args->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_Transfer_ArrayToDevice_Args,
+                            host_released)) {
+      return SubmitWithEvents(
+          call.id(), &args->event, &args->host_released, [&] {
+            return call.system().TransferArrayToDeviceWithEvents(
+                args->src, dst, wait_for, semantics);
+          });
+    }
     return SubmitWithEvent(call.id(), &args->event, [&] {
       return call.system().TransferArrayToDevice(args->src, dst, wait_for,
                                                  semantics);

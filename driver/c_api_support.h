@@ -391,6 +391,9 @@ struct DeviceBufferEntry {
 struct EventEntry {
   uint64_t system_id = 0;
   Event event;
+  // Events from Event_Create: what sets them. Its last copy going (the
+  // handle destroyed unset) fails the event with CANCELLED.
+  std::shared_ptr<CallerEvent> setter{};
 };
 
 struct MemoryBufferEntry {
@@ -540,6 +543,25 @@ inline absl::Status SubmitWithEvent(
   return absl::OkStatus();
 }
 
+// The same for a host→device transfer with two events: `released_out`
+// (null when the caller's struct has no room for it) gets host_released.
+// Both handles are reserved before anything is queued.
+inline absl::Status SubmitWithEvents(
+    uint64_t system_id, TpuShim_Event* ready_out, TpuShim_Event* released_out,
+    absl::FunctionRef<absl::StatusOr<TransferEvents>()> submit) {
+  TPUSHIM_ASSIGN_OR_RETURN(EventReservation ready, tables().events.Reserve());
+  TPUSHIM_ASSIGN_OR_RETURN(EventReservation released,
+                           tables().events.Reserve());
+  TPUSHIM_ASSIGN_OR_RETURN(TransferEvents events, submit());
+  ready_out->id =
+      std::move(ready).Fill(EventEntry{system_id, std::move(events.ready)});
+  if (released_out != nullptr) {
+    released_out->id = std::move(released).Fill(
+        EventEntry{system_id, std::move(events.host_released)});
+  }
+  return absl::OkStatus();
+}
+
 // `semantics` is an int32_t: a C caller may put any value there.
 inline absl::StatusOr<HostBufferSemantics> ToSemantics(
     int32_t semantics, absl::string_view function) {
@@ -588,6 +610,13 @@ TpuShim_Error* MemoryBufferCopyToMemory(
 TpuShim_Error* MemoryBufferGetInfo(TpuShim_MemoryBuffer_GetInfo_Args* args);
 TpuShim_Error* MemoryBufferFree(TpuShim_MemoryBuffer_Free_Args* args);
 TpuShim_Error* SystemGetMemoryStats(TpuShim_System_GetMemoryStats_Args* args);
+// The functions of API 1.4: events (driver/c_api_events.cc).
+TpuShim_Error* EventCreate(TpuShim_Event_Create_Args* args);
+TpuShim_Error* EventSet(TpuShim_Event_Set_Args* args);
+TpuShim_Error* DeviceBufferReadyEvent(
+    TpuShim_DeviceBuffer_ReadyEvent_Args* args);
+TpuShim_Error* TransferBeginChunked(TpuShim_Transfer_BeginChunked_Args* args);
+TpuShim_Error* TransferChunk(TpuShim_Transfer_Chunk_Args* args);
 // 1.4: registered host memory (driver/c_api_registered.cc).
 TpuShim_Error* HostMemoryRegister(TpuShim_HostMemory_Register_Args* args);
 TpuShim_Error* HostMemoryUnregister(TpuShim_HostMemory_Unregister_Args* args);

@@ -640,6 +640,41 @@ absl::StatusOr<Event> System::TransferDeviceToDevice(
                                                size, wait_for);
 }
 
+absl::StatusOr<TransferEvents> System::TransferToDeviceWithEvents(
+    const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+    uint64_t size, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  return impl_->engine->TransferToDeviceWithEvents(src, dst, dst_offset, size,
+                                                   wait_for, semantics);
+}
+
+absl::StatusOr<TransferEvents> System::TransferArrayToDeviceWithEvents(
+    const void* src, const DeviceBuffer& dst, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  return impl_->engine->TransferArrayToDeviceWithEvents(src, dst, wait_for,
+                                                        semantics);
+}
+
+absl::StatusOr<CallerEvent> System::CreateEvent() {
+  return impl_->engine->CreateEvent();
+}
+
+absl::StatusOr<Event> System::BufferReadyEvent(const DeviceBuffer& buffer) {
+  return impl_->engine->BufferReadyEvent(buffer);
+}
+
+absl::Status System::BeginChunkedTransfer(const DeviceBuffer& dst) {
+  return impl_->engine->BeginChunkedTransfer(dst);
+}
+
+absl::StatusOr<TransferEvents> System::TransferChunk(
+    const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+    uint64_t size, bool is_last, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  return impl_->engine->TransferChunk(src, dst, dst_offset, size, is_last,
+                                      wait_for, semantics);
+}
+
 TransferPath System::PathFor(const void* host, uint64_t size) const {
   return impl_->engine->PathFor(host, size);
 }

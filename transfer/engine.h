@@ -11,6 +11,8 @@
 //   engine_pinned.cc       the pinned path
 //   engine_registered.cc   registered host memory: register, look up, unregister
 //   engine_completion.cc   DMA completions, finishing and cancelling
+//   engine_events.cc       host_released, caller events, buffer readiness,
+//                          chunked transfers
 //
 // Thread-safety: as TransferEngine's (see its header); the members say
 // which lock guards them.
@@ -93,6 +95,22 @@ struct Allocation {
   int dealloc_waiting ABSL_GUARDED_BY(mu) = 0;
   std::shared_ptr<EventState> dealloc_event ABSL_GUARDED_BY(mu);
   absl::Status dealloc_error ABSL_GUARDED_BY(mu);
+  // Readiness: the events of the writes issued to the buffer and not yet
+  // ready (host→device and device→device operations, an open chunked
+  // transfer), and the first write that failed (it stays: the buffer's
+  // bytes are not what was written).
+  std::vector<std::shared_ptr<EventState>> writes ABSL_GUARDED_BY(mu);
+  absl::Status write_error ABSL_GUARDED_BY(mu);
+  // A chunked transfer: none yet, open (its last chunk not given), or
+  // closed by its last chunk (later chunks are refused).
+  enum class Chunked : uint8_t { kNone, kOpen, kClosed };
+  Chunked chunked ABSL_GUARDED_BY(mu) = Chunked::kNone;
+  // Chunks submitted and not finished, the first failure among them, and
+  // the event that resolves once the last chunk and all before it have
+  // (a CallerEventHub event: shutdown fails it).
+  uint64_t chunks_running ABSL_GUARDED_BY(mu) = 0;
+  absl::Status chunk_error ABSL_GUARDED_BY(mu);
+  std::shared_ptr<EventState> chunked_done ABSL_GUARDED_BY(mu);
 };
 
 enum class OpKind { kToDevice, kFromDevice, kDeviceToDevice };
@@ -252,6 +270,9 @@ struct Op {
   HostBufferSemantics semantics =
       HostBufferSemantics::kImmutableUntilTransferCompletes;
   std::shared_ptr<EventState> event;
+  // Host→device, when the caller asked for it: host_released (see
+  // TransferEvents), resolved by ReleaseHost.
+  std::shared_ptr<EventState> released;
   int64_t submit_ns = 0;
   int64_t start_ns = 0;        // 0 until started
   uint64_t staging_chunk = 0;  // staged: bytes per staging buffer
@@ -332,6 +353,20 @@ class Engine {
                                    absl::Span<const Event> wait_for);
   absl::StatusOr<Event> Submit(std::shared_ptr<Op> op,
                                absl::Span<const Event> wait_for);
+  // Submits a host→device `op` made by NewHostOp or NewArrayOp with its
+  // two events.
+  absl::StatusOr<TransferEvents> SubmitWithRelease(
+      std::shared_ptr<Op> op, absl::Span<const Event> wait_for);
+  // Caller events and buffer readiness (engine_events.cc).
+  absl::StatusOr<CallerEvent> CreateEvent();
+  absl::StatusOr<Event> BufferReadyEvent(const DeviceBuffer& buffer);
+  absl::Status BeginChunkedTransfer(const DeviceBuffer& dst);
+  absl::StatusOr<TransferEvents> TransferChunk(const void* src,
+                                               const DeviceBuffer& dst,
+                                               uint64_t dst_offset,
+                                               uint64_t size, bool is_last,
+                                               absl::Span<const Event> wait_for,
+                                               HostBufferSemantics semantics);
   // INVALID_ARGUMENT when `wait_for` holds a pending event of another
   // engine: its continuation would call into this one, which may be gone
   // by then.
@@ -437,6 +472,19 @@ class Engine {
       const DeviceBuffer& buffer, uint64_t offset, uint64_t size,
       absl::string_view what);
   void ReleaseBufferUse(const std::shared_ptr<Allocation>& a);
+  // Counts `event` among the writes to `a` until it is ready (and its
+  // failure as the buffer's, when it fails).
+  static void TrackWrite(const std::shared_ptr<Allocation>& a,
+                         const std::shared_ptr<EventState>& event);
+  // A chunk of `a`'s chunked transfer finished with `s`.
+  void ChunkFinished(const std::shared_ptr<Allocation>& a,
+                     const absl::Status& s);
+  // Fails `a`'s open chunked transfer with `status` (its buffer goes).
+  void AbandonChunked(Allocation& a, const absl::Status& status);
+  // The staged path is done with the caller's buffer (`status`: OK when
+  // every byte was copied): resolves host_released, wakes a
+  // kImmutableOnlyDuringCall caller.
+  static void ReleaseHost(Op& op, const absl::Status& status);
   void DeallocStep(const std::shared_ptr<Allocation>& a);
   void FreeAllocation(const std::shared_ptr<Allocation>& a);
   // `a` as the memory profile records it.
@@ -565,6 +613,8 @@ class Engine {
   const pid_t owner_pid_;
 
   CallbackExecutor callbacks_;
+  // The events callers set; failed (CANCELLED) at shutdown.
+  std::shared_ptr<CallerEventHub> caller_events_;
   // Host-side completion work, one worker per device so that one device's
   // slow work (unpinning a large buffer) never delays another's.
   std::vector<std::unique_ptr<HostWorker>> host_workers_;

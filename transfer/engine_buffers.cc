@@ -233,6 +233,10 @@ absl::StatusOr<Event> Engine::Deallocate(const DeviceBuffer& buffer,
     a->dealloc_waiting = static_cast<int>(wait_for.size()) + 2;
     no_ops = a->ops == 0;
   }
+  // A chunked transfer without its last chunk never gets it now.
+  AbandonChunked(
+      *a, absl::CancelledError("the device buffer was deallocated before the "
+                               "chunked transfer's last chunk"));
   {
     MutexLock lock(&idle_mu_);
     ++unfinished_;

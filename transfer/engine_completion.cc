@@ -175,6 +175,9 @@ void Engine::CompleteOp(Op& op) {
   }
   // Not ready for stats from here on (see events_not_ready_).
   events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
+  // host_released is never ready later than ready (the staged path has
+  // resolved it already, when it was done copying).
+  if (op.released != nullptr) op.released->Resolve(status);
   op.event->Resolve(status);
   // After Resolve: an Unregister waiting for this transfer returns with
   // its event ready (the device is done with the registered memory).
@@ -197,6 +200,11 @@ void Engine::CancelUnstarted(const std::shared_ptr<Op>& op,
   QueueOf(op->device, op->direction)
       .in_flight.fetch_add(1, std::memory_order_relaxed);
   CompleteOp(*op);
+}
+
+void Engine::ReleaseHost(Op& op, const absl::Status& status) {
+  if (op.released != nullptr) op.released->Resolve(status);
+  op.host_released.Notify();
 }
 
 }  // namespace tpushim::transfer_internal

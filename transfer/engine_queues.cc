@@ -235,6 +235,9 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
                                      absl::Span<const Event> wait_for) {
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
   op->event = std::make_shared<EventState>(&callbacks_, this);
+  // A write to a device buffer counts toward its readiness from now.
+  if (op->kind == OpKind::kToDevice) TrackWrite(op->buffer, op->event);
+  if (op->kind == OpKind::kDeviceToDevice) TrackWrite(op->peer, op->event);
   // Awaiting a small transfer polls; a large one sleeps at once.
   if (op->size > kSpinAwaitMaxBytes) op->event->set_await_spin_ns(0);
   op->submit_ns = os_->MonotonicNanos();

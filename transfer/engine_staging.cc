@@ -228,8 +228,9 @@ void Engine::StartStagedToDevice(Op& op, char* first) {
     buf = nullptr;
     SubmitChunk(op, c, StagingWindow(op), StagingOffset(op, c.staging));
   }
-  // Done copying: the caller's buffer is free, spare buffers go back.
-  op.host_released.Notify();
+  // Done copying: the caller's buffer is free (host_released resolves
+  // now, before the DMA ends), spare buffers go back.
+  ReleaseHost(op, i < n ? op.Error() : absl::OkStatus());
   std::vector<char*> spare;
   {
     MutexLock lock(&op.mu);

@@ -214,6 +214,69 @@ void EventState::AddContinuation(
   std::move(fn)(status_);
 }
 
+absl::StatusOr<std::shared_ptr<EventState>> CallerEventHub::Create() {
+  auto state = std::make_shared<EventState>(executor_, owner_);
+  MutexLock lock(&mu_);
+  if (closed_) {
+    return absl::FailedPreconditionError(
+        "cannot create an event: the system has shut down");
+  }
+  // Forget the events that are set or gone, now and then, so the list
+  // stays about as long as the events pending.
+  if (made_.size() >= 64 && (made_.size() & (made_.size() - 1)) == 0) {
+    made_.erase(std::remove_if(made_.begin(), made_.end(),
+                               [](const std::weak_ptr<EventState>& w) {
+                                 auto s = w.lock();
+                                 return s == nullptr || s->IsReady();
+                               }),
+                made_.end());
+  }
+  made_.push_back(state);
+  return state;
+}
+
+absl::Status CallerEventHub::Set(EventState& state, absl::Status status) {
+  if (ForkedChildOf(pid_)) return ForkedChildError("This event", pid_);
+  {
+    MutexLock lock(&mu_);
+    if (state.IsReady() && !(closed_ && state.status() == close_status_)) {
+      return absl::FailedPreconditionError(
+          "the event was already set (an event is set once)");
+    }
+    if (closed_) {
+      return absl::FailedPreconditionError(
+          "the event cannot be set: the system shut down first, and failed "
+          "it with CANCELLED");
+    }
+    ++setting_;
+  }
+  const bool set = state.Resolve(std::move(status));
+  {
+    MutexLock lock(&mu_);
+    if (--setting_ == 0) idle_cv_.SignalAll();
+  }
+  if (!set) {
+    return absl::FailedPreconditionError(
+        "the event was already set (an event is set once)");
+  }
+  return absl::OkStatus();
+}
+
+void CallerEventHub::Close(const absl::Status& status) {
+  std::vector<std::weak_ptr<EventState>> made;
+  {
+    MutexLock lock(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    close_status_ = status;
+    made.swap(made_);
+    while (setting_ > 0) idle_cv_.Wait(&mu_);
+  }
+  for (const std::weak_ptr<EventState>& w : made) {
+    if (std::shared_ptr<EventState> s = w.lock()) s->Resolve(status);
+  }
+}
+
 }  // namespace transfer_internal
 
 Event::Event() {
@@ -239,6 +302,34 @@ Event Event::Ready(absl::Status status) {
   auto state = std::make_shared<transfer_internal::EventState>(nullptr);
   state->Resolve(std::move(status));
   return Event(std::move(state));
+}
+
+CallerEvent& CallerEvent::operator=(CallerEvent&& other) noexcept {
+  if (this != &other) {
+    Abandon();
+    hub_ = std::move(other.hub_);
+    event_ = std::move(other.event_);
+  }
+  return *this;
+}
+
+CallerEvent::~CallerEvent() { Abandon(); }
+
+void CallerEvent::Abandon() {
+  if (hub_ == nullptr || event_.IsReady()) return;
+  // Already set or failed by shutdown: the error is not news.
+  (void)hub_->Set(*event_.state(),
+                  absl::CancelledError("the caller's event was destroyed "
+                                       "before it was set"));
+}
+
+absl::Status CallerEvent::Set(absl::Status status) {
+  if (hub_ == nullptr) {
+    return absl::FailedPreconditionError(
+        "this CallerEvent refers to no event (default-constructed or moved "
+        "from); make one with CreateEvent");
+  }
+  return hub_->Set(*event_.state(), std::move(status));
 }
 
 }  // namespace tpushim

@@ -21,6 +21,7 @@
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "common/mutex.h"
 #include "env/fork_guard.h"
@@ -127,6 +128,46 @@ class EventState {
       ABSL_GUARDED_BY(mu_);
   std::vector<absl::AnyInvocable<void(const absl::Status&) &&>> continuations_
       ABSL_GUARDED_BY(mu_);
+};
+
+// The events of one engine that callers set (CallerEvent): it makes them,
+// sets them, and at shutdown fails every one not yet set, so that nothing
+// waits for them forever and no callback is posted to an executor that is
+// gone. Shared by the engine and every CallerEvent it made, which may
+// outlive it (setting one then is FAILED_PRECONDITION).
+//
+// Thread-safety: thread-safe. No lock is held while an event resolves.
+class CallerEventHub {
+ public:
+  // `executor` runs the events' callbacks; it must live until Close
+  // returns. `owner` is the engine (see EventState).
+  CallerEventHub(CallbackExecutor* executor, const void* owner)
+      : executor_(executor), owner_(owner) {}
+  CallerEventHub(const CallerEventHub&) = delete;
+  CallerEventHub& operator=(const CallerEventHub&) = delete;
+
+  // A pending event. FAILED_PRECONDITION once closed.
+  absl::StatusOr<std::shared_ptr<EventState>> Create();
+  // Makes `state` (from Create) ready with `status`. FAILED_PRECONDITION,
+  // changing nothing, when it is ready already: set before, or failed by
+  // Close (the message says which); or in a fork() child.
+  absl::Status Set(EventState& state, absl::Status status);
+  // Fails every pending event with `status` (CANCELLED), waits for the
+  // Sets under way, and refuses every later Create and Set.
+  void Close(const absl::Status& status);
+
+ private:
+  CallbackExecutor* const executor_;
+  const void* const owner_;
+  // In a fork() child nothing may be set: waking the parent's engine
+  // there would take locks another parent thread may have held.
+  const pid_t pid_ = CurrentProcessId();
+  Mutex mu_;
+  CondVar idle_cv_;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+  int setting_ ABSL_GUARDED_BY(mu_) = 0;  // Sets resolving outside mu_
+  std::vector<std::weak_ptr<EventState>> made_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace transfer_internal

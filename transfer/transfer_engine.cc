@@ -64,6 +64,7 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
       threshold_(region == nullptr ? 0 : region->allocator().threshold()),
       origin_ns_(os->MonotonicNanos()),
       owner_pid_(CurrentProcessId()),
+      caller_events_(std::make_shared<CallerEventHub>(&callbacks_, this)),
       pins_(os) {
   {
     MutexLock lock(&mu_);
@@ -195,6 +196,11 @@ void Engine::Shutdown() {
     shutting_down_ = true;
     closing_.store(true, std::memory_order_release);
   }
+  // Fail the caller events not set (and the chunked transfers without
+  // their last chunk): nothing set after this could reach the engine, and
+  // the operations waiting for them are cancelled below.
+  caller_events_->Close(
+      absl::CancelledError("the system shut down before the event was set"));
   // Wake anyone waiting for staging room: they give up now.
   staging_cv_.SignalAll();
   // Cancel what has not started; stop the workers.
@@ -573,6 +579,51 @@ absl::StatusOr<Event> TransferEngine::TransferDeviceToDevice(
       std::shared_ptr<transfer_internal::Op> op,
       impl_->NewDeviceToDeviceOp(src, src_offset, dst, dst_offset, size));
   return impl_->Submit(std::move(op), wait_for);
+}
+
+absl::StatusOr<TransferEvents> TransferEngine::TransferToDeviceWithEvents(
+    const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+    uint64_t size, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<transfer_internal::Op> op,
+      impl_->NewHostOp(transfer_internal::OpKind::kToDevice, dst, dst_offset,
+                       src, size, semantics));
+  return impl_->SubmitWithRelease(std::move(op), wait_for);
+}
+
+absl::StatusOr<TransferEvents> TransferEngine::TransferArrayToDeviceWithEvents(
+    const void* src, const DeviceBuffer& dst, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<transfer_internal::Op> op,
+      impl_->NewArrayOp(transfer_internal::OpKind::kToDevice, dst, src,
+                        semantics));
+  return impl_->SubmitWithRelease(std::move(op), wait_for);
+}
+
+absl::StatusOr<CallerEvent> TransferEngine::CreateEvent() {
+  return impl_->CreateEvent();
+}
+
+absl::StatusOr<Event> TransferEngine::BufferReadyEvent(
+    const DeviceBuffer& buffer) {
+  return impl_->BufferReadyEvent(buffer);
+}
+
+absl::Status TransferEngine::BeginChunkedTransfer(const DeviceBuffer& dst) {
+  return impl_->BeginChunkedTransfer(dst);
+}
+
+absl::StatusOr<TransferEvents> TransferEngine::TransferChunk(
+    const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+    uint64_t size, bool is_last, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
+  return impl_->TransferChunk(src, dst, dst_offset, size, is_last, wait_for,
+                              semantics);
 }
 
 absl::StatusOr<uint64_t> TransferEngine::RegisterHostMemory(const void* data,

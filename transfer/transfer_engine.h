@@ -245,6 +245,54 @@ class TransferEngine {
       uint64_t dst_offset, uint64_t size,
       absl::Span<const Event> wait_for = {});
 
+  // TransferToDevice and TransferArrayToDevice, returning both events
+  // of the transfer: ready and host_released (tpushim/transfer.h,
+  // TransferEvents).
+  absl::StatusOr<TransferEvents> TransferToDeviceWithEvents(
+      const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+      uint64_t size, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::StatusOr<TransferEvents> TransferArrayToDeviceWithEvents(
+      const void* src, const DeviceBuffer& dst,
+      absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+
+  // An event the caller sets (tpushim/transfer.h, CallerEvent).
+  // FAILED_PRECONDITION after Shutdown.
+  absl::StatusOr<CallerEvent> CreateEvent();
+
+  // `buffer`'s ready event: ready once every write issued to it so far
+  // (host→device and device→device transfers into it, an open chunked
+  // transfer) has completed; OK, or the first failure of a write to the
+  // buffer — ever: a failed write leaves the buffer's bytes undefined, so
+  // every later ready event of the buffer carries it. Ready at once when
+  // nothing is being written. INVALID_ARGUMENT for an empty, foreign or
+  // deallocated buffer.
+  absl::StatusOr<Event> BufferReadyEvent(const DeviceBuffer& buffer);
+
+  // Chunked host→device transfers into a pre-created buffer (PJRT's
+  // async host-to-device transfer manager). BeginChunkedTransfer opens
+  // one on `dst`: from then on dst's ready event waits for it. Each
+  // TransferChunk queues one byte-range transfer (offsets and sizes in
+  // the device buffer's bytes — for a shaped buffer its tiled image, as
+  // the byte-range transfers move it); the one with `is_last` closes it.
+  // The buffer's ready event resolves once the last chunk and every chunk
+  // before it have completed, with the first chunk failure if any.
+  // Errors, which change nothing: a chunk without an open transfer, or
+  // after the last, is FAILED_PRECONDITION; a chunk overlapping the
+  // buffer's end INVALID_ARGUMENT; a second Begin while one is open
+  // FAILED_PRECONDITION. Deallocating the buffer, or Shutdown, before the
+  // last chunk fails the transfer (and so the ready event) with
+  // CANCELLED.
+  absl::Status BeginChunkedTransfer(const DeviceBuffer& dst);
+  absl::StatusOr<TransferEvents> TransferChunk(
+      const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+      uint64_t size, bool is_last, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+
   // The path a host transfer of `size` bytes at `host` would take now
   // (staged may still fall back to pinned when staging has no room).
   TransferPath PathFor(const void* host, uint64_t size) const;

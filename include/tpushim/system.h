@@ -334,6 +334,41 @@ class TPUSHIM_EXPORT System {
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size,
       absl::Span<const Event> wait_for = {});
+  // Events (docs/transfers.md, "Events"). A host→device transfer with
+  // both its events, ready and host_released (TransferEvents says when
+  // each resolves on each path).
+  absl::StatusOr<TransferEvents> TransferToDeviceWithEvents(
+      const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+      uint64_t size, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::StatusOr<TransferEvents> TransferArrayToDeviceWithEvents(
+      const void* src, const DeviceBuffer& dst,
+      absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // An event the caller sets later (CallerEvent); usable in this system's
+  // wait_for lists. FAILED_PRECONDITION once the system is shutting down.
+  absl::StatusOr<CallerEvent> CreateEvent();
+  // `buffer`'s ready event: ready when every write issued to it so far
+  // has completed; it fails with the first write to the buffer that ever
+  // failed. INVALID_ARGUMENT for a deallocated or foreign buffer.
+  absl::StatusOr<Event> BufferReadyEvent(const DeviceBuffer& buffer);
+  // Fills `dst` chunk by chunk (PJRT's CreateBuffersForAsyncHostToDevice
+  // and TransferData): after BeginChunkedTransfer, dst's ready event
+  // resolves only once the chunk marked `is_last` and every chunk before
+  // it have completed, failing with the first chunk that failed. Offsets
+  // are in the buffer's device bytes (a shaped buffer's tiled image).
+  // FAILED_PRECONDITION for a chunk after the last (or without Begin) and
+  // for a second Begin while one is open; INVALID_ARGUMENT for a chunk
+  // past the buffer's end. Deallocating dst before the last chunk fails
+  // the chunked transfer with CANCELLED.
+  absl::Status BeginChunkedTransfer(const DeviceBuffer& dst);
+  absl::StatusOr<TransferEvents> TransferChunk(
+      const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
+      uint64_t size, bool is_last, absl::Span<const Event> wait_for = {},
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
   // The path a host transfer of `size` bytes at `host` would take
   // (kZeroCopy inside the region or a registration).
   TransferPath PathFor(const void* host, uint64_t size) const;

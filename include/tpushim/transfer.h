@@ -69,6 +69,7 @@ TPUSHIM_EXPORT absl::string_view TransferPathName(TransferPath path);
 namespace transfer_internal {
 class Engine;
 class EventState;
+class CallerEventHub;
 struct Allocation;
 }  // namespace transfer_internal
 
@@ -116,6 +117,64 @@ class TPUSHIM_EXPORT Event {
 
  private:
   std::shared_ptr<transfer_internal::EventState> state_;
+};
+
+// The two events of a host→device transfer (docs/transfers.md):
+//  * `ready`: the bytes are on the device (the transfer's event);
+//  * `host_released`: the engine no longer reads the caller's buffer,
+//    which may be reused or freed. Staged (through the region or the
+//    bounce pool): once the last byte is copied into staging, before the
+//    DMA ends. Zero-copy and pinned: together with `ready` (the device
+//    reads the caller's memory until then). It is never ready later than
+//    `ready`. Its status: OK when every byte was read from the caller's
+//    buffer (even if the DMA fails afterwards: the buffer is free all the
+//    same, and `ready` carries the failure); otherwise — a failed
+//    dependency, shutdown before the start, a failure while copying —
+//    the transfer's failure, as `ready`.
+struct TransferEvents {
+  Event ready;
+  Event host_released;
+};
+
+// An event the caller makes (System::CreateEvent) and sets later, with a
+// status (PJRT's Event_Create / Event_Set). Until set it is pending: its
+// event() works wherever an Event does — `wait_for` lists of its own
+// system, Await, callbacks.
+//
+// Set it once: a second Set is FAILED_PRECONDITION ("already set") and
+// changes nothing. Destroying the CallerEvent before setting it fails the
+// event with CANCELLED, so that no waiter waits forever; so does shutting
+// its system down (a Set after that is FAILED_PRECONDITION). A
+// CallerEvent may outlive its system.
+//
+// Move-only; thread-safe (Set may race with waiters on any thread; two
+// racing Sets: one wins, the other is FAILED_PRECONDITION).
+class TPUSHIM_EXPORT CallerEvent {
+ public:
+  CallerEvent() = default;  // refers to nothing: Set is FAILED_PRECONDITION
+  CallerEvent(CallerEvent&& other) noexcept = default;
+  CallerEvent& operator=(CallerEvent&& other) noexcept;
+  CallerEvent(const CallerEvent&) = delete;
+  CallerEvent& operator=(const CallerEvent&) = delete;
+  ~CallerEvent();
+
+  // The event waiters use; a copy of it lives on after the CallerEvent.
+  const Event& event() const { return event_; }
+  // Makes the event ready with `status`: wakes its waiters, starts the
+  // operations waiting for it (or fails them with a failed `status`) and
+  // posts its callbacks to the system's callback thread.
+  absl::Status Set(absl::Status status);
+
+ private:
+  friend class transfer_internal::Engine;
+  CallerEvent(std::shared_ptr<transfer_internal::CallerEventHub> hub,
+              Event event)
+      : hub_(std::move(hub)), event_(std::move(event)) {}
+  // Fails a pending event with CANCELLED (destroyed before set).
+  void Abandon();
+
+  std::shared_ptr<transfer_internal::CallerEventHub> hub_;
+  Event event_;
 };
 
 // What a shaped device buffer holds: one XLA array (docs/shapes.md).

@@ -722,6 +722,10 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
          if (o.result.ok()) {
            EXPECT_TRUE(Await(out.event).ok());
            EXPECT_TRUE(DestroyEvent(out.event).ok());
+           // 1.4: the host_released event, when the struct has room.
+           if (size >= sizeof out && api_->api_minor >= 4) {
+             EXPECT_TRUE(DestroyEvent(out.host_released).ok());
+           }
          }
          return o;
        }});
@@ -856,6 +860,10 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
                      if (o.result.ok()) {
                        EXPECT_TRUE(Await(out.event).ok());
                        EXPECT_TRUE(DestroyEvent(out.event).ok());
+                       // 1.4: host_released, when the struct has room.
+                       if (size >= sizeof out && api_->api_minor >= 4) {
+                         EXPECT_TRUE(DestroyEvent(out.host_released).ok());
+                       }
                      }
                      return o;
                    }});
