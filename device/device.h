@@ -117,6 +117,11 @@ struct DeviceInfo {
   // 4 for NVMe, whose PRP entries are dword aligned). A host buffer that is
   // not goes through staging, whose buffers always are.
   uint32_t host_alignment = 1;
+  // Host memory a caller registers for DMA (System::RegisterHostMemory)
+  // must start and end on multiples of this: 1 for sim://, the IOMMU page
+  // (4096) for vfio://, which maps whole pages and would otherwise expose
+  // the bytes around the range to the device.
+  uint32_t window_alignment = 1;
 };
 
 // A device's memory as its allocator sees it.

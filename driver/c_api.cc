@@ -197,7 +197,15 @@ TpuShim_Error* SystemDestroy(TpuShim_System_Destroy_Args* args) {
         [id](const DeviceBufferEntry& e) { return e.system_id == id; });
     (void)tables().memory_buffers.TakeAll(
         [id](const MemoryBufferEntry& e) { return e.system_id == id; });
+    // Host memory registrations left: the system releases them (one
+    // WARNING); their handles go stale.
+    std::vector<std::shared_ptr<HostRegistrationEntry>> registrations =
+        tables().host_registrations.TakeAll(
+            [id](const std::shared_ptr<HostRegistrationEntry>& e) {
+              return e->system_id == id;
+            });
     entry->system.reset();
+    registrations.clear();
     return absl::OkStatus();
   });
 }
@@ -298,6 +306,16 @@ TpuShim_Error* SystemGetStats(TpuShim_System_GetStats_Args* args) {
         TPUSHIM_STRUCT_SIZE(TpuShim_Stats, bounce_pool_bytes)) {
       out->staged_bounce = t.staged_bounce;
       out->bounce_pool_bytes = t.bounce_pool_bytes;
+    }
+    if (out->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_Stats, registered_bytes)) {
+      for (int d = 0; d < TPUSHIM_HOST_DIRECTION_COUNT; ++d) {
+        out->zero_copy_registered_transfers[d] =
+            t.zero_copy_registered_transfers[d];
+        out->zero_copy_registered_bytes[d] = t.zero_copy_registered_bytes[d];
+      }
+      out->registrations_live = t.registrations_live;
+      out->registered_bytes = t.registered_bytes;
     }
     return absl::OkStatus();
   });
@@ -615,6 +633,8 @@ constexpr TpuShim_Api kApi = {
     .DeviceBuffer_ReadyEvent = DeviceBufferReadyEvent,
     .Transfer_BeginChunked = TransferBeginChunked,
     .Transfer_Chunk = TransferChunk,
+    .HostMemory_Register = HostMemoryRegister,
+    .HostMemory_Unregister = HostMemoryUnregister,
 };
 
 }  // namespace

@@ -105,6 +105,7 @@ enum class Kind : uint8_t {
   kDeviceBuffer = 'D',
   kEvent = 'E',
   kMemoryBuffer = 'M',  // 1.4: memory kinds
+  kHostRegistration = 'R',
 };
 
 inline absl::string_view KindName(uint64_t tag) {
@@ -119,6 +120,8 @@ inline absl::string_view KindName(uint64_t tag) {
       return "TpuShim_Event";
     case Kind::kMemoryBuffer:
       return "TpuShim_MemoryBuffer";
+    case Kind::kHostRegistration:
+      return "TpuShim_HostRegistration";
   }
   return "";
 }
@@ -375,6 +378,11 @@ struct HostBufferEntry {
   PinnedHostBuffer buffer;
 };
 
+struct HostRegistrationEntry {
+  uint64_t system_id = 0;
+  HostRegistration registration;
+};
+
 struct DeviceBufferEntry {
   uint64_t system_id = 0;
   DeviceBuffer buffer;
@@ -399,6 +407,8 @@ struct Tables {
   HandleTable<DeviceBufferEntry> device_buffers{Kind::kDeviceBuffer};
   HandleTable<EventEntry> events{Kind::kEvent};
   HandleTable<MemoryBufferEntry> memory_buffers{Kind::kMemoryBuffer};
+  HandleTable<std::shared_ptr<HostRegistrationEntry>> host_registrations{
+      Kind::kHostRegistration};
 
   // fork() holds every table's lock, so that a child finds them consistent
   // and free whatever another thread was doing (pthread_atfork).
@@ -408,8 +418,10 @@ struct Tables {
     device_buffers.mu_.Lock();
     events.mu_.Lock();
     memory_buffers.mu_.Lock();
+    host_registrations.mu_.Lock();
   }
   void UnlockAll() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    host_registrations.mu_.Unlock();
     memory_buffers.mu_.Unlock();
     events.mu_.Unlock();
     device_buffers.mu_.Unlock();
@@ -605,6 +617,9 @@ TpuShim_Error* DeviceBufferReadyEvent(
     TpuShim_DeviceBuffer_ReadyEvent_Args* args);
 TpuShim_Error* TransferBeginChunked(TpuShim_Transfer_BeginChunked_Args* args);
 TpuShim_Error* TransferChunk(TpuShim_Transfer_Chunk_Args* args);
+// 1.4: registered host memory (driver/c_api_registered.cc).
+TpuShim_Error* HostMemoryRegister(TpuShim_HostMemory_Register_Args* args);
+TpuShim_Error* HostMemoryUnregister(TpuShim_HostMemory_Unregister_Args* args);
 
 }  // namespace tpushim::capi_internal
 

@@ -72,6 +72,59 @@ void PinnedHostBuffer::Reset() {
   size_ = 0;
 }
 
+// What a HostRegistration unregisters through. Shared by the system and
+// its registrations: a registration outliving its system finds no engine
+// (the system released it) instead of calling into a destroyed one.
+struct HostRegistration::Owner {
+  const pid_t pid = CurrentProcessId();
+  // Shared by Unregister calls; ~System takes it exclusively to clear
+  // `engine`, after the unregisters running finish.
+  SharedMutex mu;
+  TransferEngine* engine ABSL_GUARDED_BY(mu) = nullptr;
+};
+
+HostRegistration::HostRegistration(HostRegistration&& other) noexcept
+    : owner_(std::move(other.owner_)),
+      id_(std::exchange(other.id_, 0)),
+      data_(std::exchange(other.data_, nullptr)),
+      size_(std::exchange(other.size_, 0)) {}
+
+HostRegistration& HostRegistration::operator=(
+    HostRegistration&& other) noexcept {
+  if (this != &other) {
+    absl::Status s = Unregister();
+    if (!s.ok()) LOG(ERROR) << "Unregistering host memory: " << s;
+    owner_ = std::move(other.owner_);
+    id_ = std::exchange(other.id_, 0);
+    data_ = std::exchange(other.data_, nullptr);
+    size_ = std::exchange(other.size_, 0);
+  }
+  return *this;
+}
+
+HostRegistration::~HostRegistration() {
+  if (owner_ != nullptr && ForkedChildOf(owner_->pid)) return;  // the parent's
+  absl::Status s = Unregister();
+  if (!s.ok()) LOG(ERROR) << "Unregistering host memory: " << s;
+}
+
+absl::Status HostRegistration::Unregister() {
+  if (data_ == nullptr || owner_ == nullptr) return absl::OkStatus();
+  if (ForkedChildOf(owner_->pid)) {
+    return ForkedChildError("This host memory registration", owner_->pid);
+  }
+  const std::shared_ptr<Owner> owner = std::move(owner_);
+  const uint64_t id = std::exchange(id_, 0);
+  data_ = nullptr;
+  size_ = 0;
+  ReaderMutexLock lock(&owner->mu);
+  if (owner->engine == nullptr) return absl::OkStatus();  // system gone
+  absl::Status s = owner->engine->UnregisterHostMemory(id);
+  // FAILED_PRECONDITION: the system is being destroyed, and its engine's
+  // shutdown released the registration (or is releasing it).
+  return absl::IsFailedPrecondition(s) ? absl::OkStatus() : s;
+}
+
 // Start-up progress: told by Create and, for a region premapped in the
 // background, by the premapping thread after Create returned; read by
 // System::premap_progress. Reports reach the callback at most every 50 ms
@@ -178,6 +231,8 @@ struct System::Impl {
   std::unique_ptr<MemorySpaces> memories;
   std::shared_ptr<PinnedHostBuffer::Owner> owner =
       std::make_shared<PinnedHostBuffer::Owner>();
+  std::shared_ptr<HostRegistration::Owner> registrations =
+      std::make_shared<HostRegistration::Owner>();
   absl::Duration init_time;
 
   ~Impl() {
@@ -186,9 +241,16 @@ struct System::Impl {
     // region), then the region's buffers are orphaned, then devices and
     // region go.
     if (region) region->StopPremapping();
+    // The engine's shutdown releases the host memory registrations left
+    // (an Unregister running meanwhile finishes, as the transfers it waits
+    // for end or are cancelled); then later Unregisters find no engine.
     if (engine) engine->Shutdown();
     // Memory-kind buffers' host bytes go back while the region is alive.
     memories.reset();
+    {
+      WriterMutexLock lock(&registrations->mu);
+      registrations->engine = nullptr;
+    }
     engine.reset();
     {
       MutexLock lock(&owner->mu);
@@ -382,6 +444,10 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
       impl->engine, TransferEngine::Create(std::move(raw), impl->region.get(),
                                            os, std::move(engine_config),
                                            std::move(region_windows)));
+  {
+    WriterMutexLock lock(&impl->registrations->mu);
+    impl->registrations->engine = impl->engine.get();
+  }
   if (impl->region != nullptr && impl->region->background()) {
     std::vector<Device*> devices;
     for (auto& d : impl->devices) devices.push_back(d.get());
@@ -611,6 +677,16 @@ absl::StatusOr<TransferEvents> System::TransferChunk(
 
 TransferPath System::PathFor(const void* host, uint64_t size) const {
   return impl_->engine->PathFor(host, size);
+}
+
+absl::StatusOr<HostRegistration> System::RegisterHostMemory(const void* data,
+                                                            uint64_t size) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(const uint64_t id,
+                           impl_->engine->RegisterHostMemory(data, size));
+  return HostRegistration(impl_->registrations, id, data, size);
 }
 
 SystemStats System::GetStats() const {

@@ -357,14 +357,6 @@ std::optional<HostClash> CheckMemlock(const Options& options,
   const MlockMode mode = options.mlock.value;
   if (mode == MlockMode::kOff || facts.CanLock(need)) return std::nullopt;
   const bool required = mode == MlockMode::kRequired;
-  // `ulimit -l` takes KiB; an unprivileged shell may raise the soft limit
-  // up to the hard one.
-  const std::string shell_fix =
-      facts.memlock.hard >= need
-          ? absl::StrCat("`ulimit -l ",
-                         need / 1024 + (need % 1024 != 0 ? 1 : 0), "`")
-          : absl::StrCat("`ulimit -l unlimited` (as root; the hard limit is ",
-                         BytesWithHumanReadable(facts.memlock.hard), ")");
   const std::string what =
       size > 0 ? RegionSetting(size)
                : absl::StrCat("the ", BytesWithHumanReadable(need),
@@ -381,10 +373,8 @@ std::optional<HostClash> CheckMemlock(const Options& options,
           required   ? "start-up would fail because TPUSHIM_MLOCK=required"
           : size > 0 ? "the region would stay unpinned (slower transfers)"
                      : "the pool would stay unpinned (slower small transfers)",
-          "; raise the limit with ", shell_fix,
-          ", a `memlock` line in /etc/security/limits.conf, docker "
-          "`--ulimit memlock=-1` or systemd `LimitMEMLOCK=infinity`, or set "
-          "TPUSHIM_MLOCK=off.")};
+          "; ", MemlockRaiseAdvice(facts.memlock, need),
+          ", or set TPUSHIM_MLOCK=off.")};
 }
 
 std::optional<HostClash> CheckHugetlb(const Options& options,
@@ -522,6 +512,21 @@ absl::StatusOr<HostFacts> ReadHostFacts(Os& os) {
   facts.online_cpus = os.OnlineCpuCount();
   facts.page_size = os.PageSize();
   return facts;
+}
+
+std::string MemlockRaiseAdvice(const ResourceLimit& memlock, uint64_t need) {
+  // `ulimit -l` takes KiB; an unprivileged shell may raise the soft limit
+  // up to the hard one.
+  const std::string shell_fix =
+      memlock.hard >= need
+          ? absl::StrCat("`ulimit -l ",
+                         need / 1024 + (need % 1024 != 0 ? 1 : 0), "`")
+          : absl::StrCat("`ulimit -l unlimited` (as root; the hard limit is ",
+                         BytesWithHumanReadable(memlock.hard), ")");
+  return absl::StrCat(
+      "raise the limit with ", shell_fix,
+      ", a `memlock` line in /etc/security/limits.conf, docker "
+      "`--ulimit memlock=-1` or systemd `LimitMEMLOCK=infinity`");
 }
 
 std::vector<HostClash> CheckOptionsAgainstHost(const Options& options,

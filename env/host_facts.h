@@ -136,6 +136,13 @@ uint64_t MemoryHeadroomBytes(uint64_t usable_bytes);
 std::vector<HostClash> CheckOptionsAgainstHost(const Options& options,
                                                const HostFacts& facts);
 
+// How to raise RLIMIT_MEMLOCK so that `need` bytes can be locked, in the
+// words start-up uses for the region: "raise the limit with `ulimit -l
+// N`, a `memlock` line in /etc/security/limits.conf, docker `--ulimit
+// memlock=-1` or systemd `LimitMEMLOCK=infinity`" (`ulimit -l unlimited`
+// as root when the hard limit is below `need`).
+std::string MemlockRaiseAdvice(const ResourceLimit& memlock, uint64_t need);
+
 }  // namespace tpushim
 
 #endif  // TPUSHIM_ENV_HOST_FACTS_H_

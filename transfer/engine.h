@@ -9,6 +9,7 @@
 //                          operation, descriptors and ring overflow
 //   engine_staging.cc      the staged path: staging budget and the pipeline
 //   engine_pinned.cc       the pinned path
+//   engine_registered.cc   registered host memory: register, look up, unregister
 //   engine_completion.cc   DMA completions, finishing and cancelling
 //   engine_events.cc       host_released, caller events, buffer readiness,
 //                          chunked transfers
@@ -24,6 +25,7 @@
 #include <atomic>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <string>
 #include <thread>
@@ -135,6 +137,8 @@ struct PathChoice {
   // Staged through the engine's bounce pool, not the region (the region
   // is off).
   bool bounce = false;
+  // Zero-copy because the range lies in a live registration.
+  bool registered = false;
 };
 
 // The order of a device-to-device copy's descriptors. A copy whose source
@@ -147,6 +151,58 @@ struct PathChoice {
 enum class CopyOrder : uint8_t { kParallel, kChainedUp, kChainedDown };
 
 struct Op;
+
+// Host memory a caller registered (TransferEngine::RegisterHostMemory):
+// pinned once, excluded from fork, and a host window of every device, so
+// transfers inside it DMA straight from and to it.
+struct Registration {
+  enum class State : uint8_t {
+    kRegistering,  // being pinned and mapped: overlaps are refused, no use
+    kLive,         // transfers inside it take the zero-copy path
+    kClosing,      // being unregistered: no new use; torn down at 0 users
+  };
+  // Constant after construction.
+  uint64_t id = 0;
+  uintptr_t begin = 0;
+  uintptr_t end = 0;
+  // Set before the state becomes kLive, read by the transfers that use it.
+  std::vector<HostWindowId> windows;  // per device
+  PinTracker::Lease lease;
+  // The whole pages inside the range, excluded from fork (0 bytes when
+  // the range holds no whole page).
+  uintptr_t fork_begin = 0;
+  uint64_t fork_bytes = 0;
+  // Protected by Engine::reg_mu_.
+  State state = State::kRegistering;
+  uint64_t users = 0;  // operations submitted inside it and not finished
+};
+
+class Engine;
+
+// An operation's use of a registration: Unregister waits until every use
+// is dropped. Dropped when the operation completes (or is destroyed).
+class RegistrationUse {
+ public:
+  RegistrationUse() = default;
+  RegistrationUse(Engine* engine, std::shared_ptr<Registration> r)
+      : engine_(engine), registration_(std::move(r)) {}
+  RegistrationUse(const RegistrationUse&) = delete;
+  RegistrationUse& operator=(const RegistrationUse&) = delete;
+  RegistrationUse& operator=(RegistrationUse&& other) noexcept {
+    Reset();
+    engine_ = other.engine_;
+    registration_ = std::move(other.registration_);
+    return *this;
+  }
+  ~RegistrationUse() { Reset(); }
+  const Registration* get() const { return registration_.get(); }
+  explicit operator bool() const { return registration_ != nullptr; }
+  void Reset();
+
+ private:
+  Engine* engine_ = nullptr;
+  std::shared_ptr<Registration> registration_;
+};
 
 // Unmaps an array transfer's host image (Op::image).
 struct HostImageUnmap {
@@ -190,6 +246,9 @@ struct Op {
   bool misaligned = false;
   // Staged through the bounce pool rather than the region's staging.
   bool bounce = false;
+  // Zero-copy through a registration (held until the operation completes).
+  RegistrationUse registration;
+  bool registered = false;  // for the statistics, after the use is dropped
   int device = 0;             // the queue's device
   const char* src = nullptr;  // host source (to device)
   char* dst = nullptr;        // host destination (from device)
@@ -338,12 +397,22 @@ class Engine {
       const DeviceBuffer& src, uint64_t src_offset, const DeviceBuffer& dst,
       uint64_t dst_offset, uint64_t size);
   // The path a host transfer of `size` bytes at `host` to or from
-  // `device` takes, and why.
-  PathChoice PathFor(const void* host, uint64_t size, int device) const;
+  // `device` takes, and why; `registrations` false ignores registered
+  // host memory.
+  PathChoice PathFor(const void* host, uint64_t size, int device,
+                     bool registrations = true) const;
   // Where [host, host + size) lies: the single place that decides whether
-  // a host range is memory the devices DMA directly (the zero-copy path,
-  // and aliasing by pinned_host buffers). Lock-free.
+  // a host range is the premapped region, which the devices DMA directly
+  // (the zero-copy path, and aliasing by pinned_host buffers). Lock-free.
+  // Registered host memory is not classified here (PathFor looks it up).
   HostRange ClassifyHostRange(const void* host, uint64_t size) const;
+
+  // Registered host memory (transfer/engine_registered.cc); see
+  // TransferEngine.
+  absl::StatusOr<uint64_t> RegisterHostMemory(const void* data, uint64_t size);
+  absl::Status UnregisterHostMemory(uint64_t id);
+  // Drops one use of `r` (RegistrationUse::Reset).
+  void DropRegistrationUse(Registration& r);
   // Whether the region's staging room is premapped (always, unless it is
   // premapped behind the caller and not that far yet). REQUIRES: a region.
   bool StagingReady() const {
@@ -512,6 +581,21 @@ class Engine {
   }
   // Maps the bounce pool and registers it with every device.
   absl::Status StartBouncePool();
+  // The live registration holding [host, host + size), or null.
+  std::shared_ptr<Registration> FindRegistrationLocked(const void* host,
+                                                       uint64_t size) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(reg_mu_);
+  // A use of the live registration holding [host, host + size) (empty when
+  // there is none).
+  RegistrationUse TakeRegistrationUse(const void* host, uint64_t size);
+  // Unmaps `r` from the devices, unpins it, lets fork() see it again.
+  // Errors are logged (the memory is released all the same).
+  void TearDownRegistration(Registration& r);
+  // Shutdown: releases the registrations left, with one WARNING.
+  void ReleaseRegistrations();
+  // RegisterHostMemory's memlock error: the limit and how to raise it.
+  absl::Status PinError(const absl::Status& s, const void* data,
+                        uint64_t size);
 
   // Constant after construction.
   const uint64_t serial_;
@@ -594,6 +678,22 @@ class Engine {
   std::array<std::atomic<uint64_t>, kPinReasonCount> pinned_reasons_{};
   std::atomic<uint64_t> staged_misaligned_{0};
   std::atomic<uint64_t> staged_bounce_{0};
+  // Zero-copy transfers through registrations, per direction.
+  std::array<std::atomic<uint64_t>, 2> registered_transfers_{};
+  std::array<std::atomic<uint64_t>, 2> registered_bytes_{};
+
+  // Registered host memory. Lock order: reg_mu_ before nothing else of
+  // the engine; never held across a device call, a pin or a wait.
+  mutable Mutex reg_mu_;
+  CondVar reg_cv_;  // a registration's users reached 0, or one went away
+  // By begin address; every state (overlaps are checked against all).
+  std::map<uintptr_t, std::shared_ptr<Registration>> registrations_
+      ABSL_GUARDED_BY(reg_mu_);
+  uint64_t next_registration_id_ ABSL_GUARDED_BY(reg_mu_) = 1;
+  uint64_t registered_bytes_now_ ABSL_GUARDED_BY(reg_mu_) = 0;
+  bool registrations_closed_ ABSL_GUARDED_BY(reg_mu_) = false;  // Shutdown
+  // Live registrations: PathFor skips the lock while there are none.
+  std::atomic<uint64_t> live_registrations_{0};
 
   // Rate limit of the pinned-path WARNING.
   Mutex warn_mu_;

@@ -166,12 +166,22 @@ void Engine::CompleteOp(Op& op) {
   if (op.start_ns != 0) {
     stats.active_ns.fetch_add(now - op.start_ns, std::memory_order_relaxed);
   }
+  if (op.registered) {
+    const int d = static_cast<int>(op.direction);
+    registered_transfers_[d].fetch_add(1, std::memory_order_relaxed);
+    if (status.ok()) {
+      registered_bytes_[d].fetch_add(op.size, std::memory_order_relaxed);
+    }
+  }
   // Not ready for stats from here on (see events_not_ready_).
   events_not_ready_.fetch_sub(1, std::memory_order_acq_rel);
   // host_released is never ready later than ready (the staged path has
   // resolved it already, when it was done copying).
   if (op.released != nullptr) op.released->Resolve(status);
   op.event->Resolve(status);
+  // After Resolve: an Unregister waiting for this transfer returns with
+  // its event ready (the device is done with the registered memory).
+  op.registration.Reset();
   // After Resolve: a Deallocate waiting for this operation must not free
   // the buffer (and report it free) while the operation's event is still
   // pending, and a kImmutableOnlyDuringCall caller that returns on

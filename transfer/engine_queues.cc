@@ -13,12 +13,23 @@ namespace tpushim::transfer_internal {
 
 // ---- Submission ------------------------------------------------------------
 
-PathChoice Engine::PathFor(const void* host, uint64_t size,
-                           int device) const {
+PathChoice Engine::PathFor(const void* host, uint64_t size, int device,
+                           bool registrations) const {
   PathChoice c;
   const uint32_t align = devices_[device]->info().host_alignment;
   const bool misaligned = size > 0 && align > 1 &&
                           reinterpret_cast<uintptr_t>(host) % align != 0;
+  // Inside the caller's registered memory: the device DMAs it where it is,
+  // whatever the size (unless it cannot at that address: then as below).
+  if (registrations && size > 0 && !misaligned &&
+      live_registrations_.load(std::memory_order_acquire) > 0) {
+    MutexLock lock(&reg_mu_);
+    if (FindRegistrationLocked(host, size) != nullptr) {
+      c.path = TransferPath::kZeroCopy;
+      c.registered = true;
+      return c;
+    }
+  }
   if (region_ == nullptr) {
     // Small transfers, and any the device cannot DMA where they are, go
     // through the bounce pool: pinning the caller's pages costs tens of
@@ -86,7 +97,16 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewHostOp(
   op->direction =
       to_device ? DmaDirection::kHostToDevice : DmaDirection::kDeviceToHost;
   op->device = a->device;
-  const PathChoice choice = PathFor(host, size, op->device);
+  PathChoice choice = PathFor(host, size, op->device);
+  if (choice.registered) {
+    // Held until the transfer completes: Unregister waits for it.
+    op->registration = TakeRegistrationUse(host, size);
+    if (!op->registration) {
+      // Unregistered since PathFor looked.
+      choice = PathFor(host, size, op->device, /*registrations=*/false);
+    }
+  }
+  op->registered = choice.registered && op->registration;
   op->path = choice.path;
   op->pin_reason = choice.pin_reason;
   op->misaligned = choice.misaligned;
@@ -130,6 +150,14 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
   const std::shared_ptr<Allocation> peek = AllocationOf(buffer);
   if (peek != nullptr && peek->shape == nullptr) {
     // A byte buffer: its bytes are the array.
+    return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
+  }
+  // A layout whose device image is the dense array itself, inside
+  // registered memory: no relayout to do, so the device DMAs it in place.
+  if (peek != nullptr && host != nullptr &&
+      peek->shape->plan.kernel() == RelayoutPlan::Kernel::kIdentity &&
+      peek->size == peek->shape->host_bytes &&
+      PathFor(host, peek->size, peek->device).registered) {
     return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
   }
   const uint64_t image_bytes = peek != nullptr ? peek->size : 0;
@@ -345,7 +373,8 @@ bool Engine::InlineStartable(const Op& op) const {
 std::string Engine::PathReason(const Op& op) const {
   switch (op.path) {
     case TransferPath::kZeroCopy:
-      return "the host buffer is in the premapped region";
+      return op.registered ? "the host buffer is in registered host memory"
+                           : "the host buffer is in the premapped region";
     case TransferPath::kStaged:
       if (op.relayout != nullptr) {
         return "an array transfer: the copy through staging lays it out";
@@ -414,11 +443,15 @@ bool Engine::StartOp(const std::shared_ptr<Op>& op, bool may_block) {
     if (o.kind == OpKind::kDeviceToDevice) {
       StartDescriptors(o, kInvalidHostWindow, 0);
     } else if (o.path == TransferPath::kZeroCopy) {
-      const uint64_t base = reinterpret_cast<uintptr_t>(region_->base());
       const uint64_t host = reinterpret_cast<uintptr_t>(
           o.kind == OpKind::kToDevice ? static_cast<const void*>(o.src)
                                       : static_cast<const void*>(o.dst));
-      StartDescriptors(o, region_windows_[o.device], host - base);
+      if (const Registration* r = o.registration.get(); r != nullptr) {
+        StartDescriptors(o, r->windows[o.device], host - r->begin);
+      } else {
+        const uint64_t base = reinterpret_cast<uintptr_t>(region_->base());
+        StartDescriptors(o, region_windows_[o.device], host - base);
+      }
     } else {
       StartPinned(o, o.pin_reason);
     }

@@ -251,6 +251,8 @@ void Engine::Shutdown() {
     for (auto& [ptr, a] : live_) live.push_back(a);
   }
   for (const auto& a : live) FreeAllocation(a);
+  // Nothing uses them now: unmap and unpin what callers left registered.
+  ReleaseRegistrations();
   for (size_t i = 0; i < devices_.size(); ++i) {
     devices_[i]->SetCompletionSink(nullptr);
     if (i < region_windows_.size()) {
@@ -331,6 +333,17 @@ TransferEngine::Stats Engine::GetStats() const {
     s.bounce_pool_locked = bounce_->locked();
   }
   s.pinned_bytes_now = pins_.pinned_bytes();
+  for (int d = 0; d < 2; ++d) {
+    s.zero_copy_registered_transfers[d] =
+        registered_transfers_[d].load(std::memory_order_relaxed);
+    s.zero_copy_registered_bytes[d] =
+        registered_bytes_[d].load(std::memory_order_relaxed);
+  }
+  {
+    MutexLock lock(&reg_mu_);
+    s.registrations_live = registrations_.size();
+    s.registered_bytes = registered_bytes_now_;
+  }
   {
     MutexLock lock(&mu_);
     s.device_buffers_live = live_.size();
@@ -611,6 +624,15 @@ absl::StatusOr<TransferEvents> TransferEngine::TransferChunk(
   TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   return impl_->TransferChunk(src, dst, dst_offset, size, is_last, wait_for,
                               semantics);
+}
+
+absl::StatusOr<uint64_t> TransferEngine::RegisterHostMemory(const void* data,
+                                                            uint64_t size) {
+  return impl_->RegisterHostMemory(data, size);
+}
+
+absl::Status TransferEngine::UnregisterHostMemory(uint64_t id) {
+  return impl_->UnregisterHostMemory(id);
 }
 
 TransferPath TransferEngine::PathFor(const void* host, uint64_t size) const {

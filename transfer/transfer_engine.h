@@ -12,8 +12,10 @@
 // are in flight at once.
 //
 // Paths (host↔device only), chosen per transfer and counted in Stats:
-//  1. zero-copy — the host range lies in the premapped region: descriptors
-//     name the region's host window directly.
+//  1. zero-copy — the host range lies in the premapped region, or wholly
+//     inside host memory the caller registered (RegisterHostMemory):
+//     descriptors name the region's or the registration's host window
+//     directly, whatever the size.
 //  2. staged — size <= TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES: the
 //     bytes go through transient staging buffers allocated from the region,
 //     in chunks (`Config::chunk_bytes` host→device,
@@ -297,6 +299,30 @@ class TransferEngine {
   // Where [host, host + size) lies (see HostRange): the one test the
   // zero-copy path and aliasing pinned_host buffers share.
   HostRange ClassifyHostRange(const void* host, uint64_t size) const;
+
+  // Registers the caller's host memory [data, data + size) for DMA and
+  // returns its id: the range is pinned once (Os::PinRange, as the pinned
+  // path pins, counted with its pins), its whole pages are excluded from
+  // fork() (fault point `madvise`), and it becomes a host window of every
+  // device. Until UnregisterHostMemory, host transfers wholly inside it
+  // take the zero-copy path whatever their size (a host address the
+  // device cannot DMA excepted, as in the region). The caller keeps the
+  // memory mapped until then. Errors, with nothing changed:
+  // INVALID_ARGUMENT for null or size 0, a range that wraps, one that is
+  // not on a device's DeviceInfo::window_alignment (naming it), one that
+  // overlaps the premapped region, the bounce pool or another
+  // registration (naming both ranges); the pin's status with the memlock
+  // limit and how to raise it; the failing madvise or device mapping's
+  // status; FAILED_PRECONDITION after Shutdown or in a fork() child.
+  absl::StatusOr<uint64_t> RegisterHostMemory(const void* data, uint64_t size);
+  // Stops new transfers from using registration `id`, BLOCKS until every
+  // transfer submitted inside it has finished (queued ones included),
+  // then unmaps it from the devices, unpins it and lets fork() children
+  // inherit it again. INVALID_ARGUMENT for an id that is not live (never
+  // issued, unregistered, or being unregistered by another thread);
+  // FAILED_PRECONDITION after Shutdown, which releases the registrations
+  // left (one WARNING with their count and bytes), or in a fork() child.
+  absl::Status UnregisterHostMemory(uint64_t id);
 
   Stats GetStats() const;
   // Per device, in device order.

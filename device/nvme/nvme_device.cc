@@ -348,6 +348,7 @@ absl::Status NvmeDevice::Open() {
   info_.numa_node = vfio_->numa_node();
   info_.block_bytes = id_.block_bytes;
   info_.host_alignment = 4;  // PRP entries are dword aligned
+  info_.window_alignment = kPage;  // the IOMMU maps whole pages
 
   for (auto& qp : queues_) {
     Queue& q = *qp;

@@ -162,6 +162,10 @@ typedef struct TpuShim_System {
 typedef struct TpuShim_HostBuffer {
   uint64_t id;
 } TpuShim_HostBuffer;
+/* 1.4: a registration of the caller's host memory (HostMemory_Register). */
+typedef struct TpuShim_HostRegistration {
+  uint64_t id;
+} TpuShim_HostRegistration;
 
 /* A buffer in one device's memory. */
 typedef struct TpuShim_DeviceBuffer {
@@ -214,7 +218,7 @@ typedef enum TpuShim_Direction {
 
 /* The path a host<->device transfer took (see docs/transfers.md). */
 typedef enum TpuShim_TransferPath {
-  TPUSHIM_PATH_ZERO_COPY = 0, /* the host range is in the premapped region */
+  TPUSHIM_PATH_ZERO_COPY = 0, /* in the premapped region or a registration */
   TPUSHIM_PATH_STAGED = 1,    /* through transient premapped buffers */
   TPUSHIM_PATH_PINNED = 2     /* the caller's pages pinned for the transfer */
 } TpuShim_TransferPath;
@@ -414,6 +418,15 @@ typedef struct TpuShim_Stats {
    * none); written only when struct_size covers them. */
   uint64_t staged_bounce;
   uint64_t bounce_pool_bytes;
+  /* 1.4: registered host memory (HostMemory_Register): zero-copy transfers
+   * by [TpuShim_Direction] whose host range lay in a registration (counted
+   * in transfers[d][zero-copy] too; bytes of the successful ones), and the
+   * registrations live now with their bytes; written only when struct_size
+   * covers them. */
+  uint64_t zero_copy_registered_transfers[TPUSHIM_HOST_DIRECTION_COUNT];
+  uint64_t zero_copy_registered_bytes[TPUSHIM_HOST_DIRECTION_COUNT];
+  uint64_t registrations_live;
+  uint64_t registered_bytes;
 } TpuShim_Stats;
 #define TPUSHIM_STATS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_Stats, callbacks_run)
@@ -983,6 +996,49 @@ typedef struct TpuShim_System_GetMemoryStats_Args {
   TPUSHIM_STRUCT_SIZE(TpuShim_System_GetMemoryStats_Args, buffers_live)
 typedef TpuShim_Error* TpuShim_System_GetMemoryStats_Fn(
     TpuShim_System_GetMemoryStats_Args* args);
+/* ---- Registered host memory (1.4; TPUSHIM_API_HAS before calling) */
+
+/* Registers the caller's host memory [data, data + size) for DMA by every
+ * device of the system (PJRT's DmaMap), with or without the premapped
+ * region: pinned once, not inherited by fork() children, mapped for each
+ * device (an IOMMU mapping for vfio://). Until HostMemory_Unregister,
+ * transfers whose host range lies wholly inside it take the zero-copy path
+ * whatever their size. The caller keeps the memory mapped until then.
+ * System_Destroy releases the registrations left (a WARNING says how many);
+ * their handles are stale afterwards.
+ *
+ * Errors, with nothing registered: INVALID_ARGUMENT for NULL data, size 0,
+ * a range overlapping another registration (naming both ranges), the
+ * premapped region or the engine's bounce pool, or a range a device cannot
+ * DMA (vfio://: start and size must be multiples of 4096; the message
+ * names the alignment); the pin's failure (RESOURCE_EXHAUSTED, ...) with
+ * the RLIMIT_MEMLOCK limit and how to raise it; FAILED_PRECONDITION in a
+ * fork() child. */
+typedef struct TpuShim_HostMemory_Register_Args {
+  size_t struct_size;
+  TpuShim_System system;                 /* in */
+  const void* data;                      /* in */
+  uint64_t size;                         /* in: bytes, >= 1 */
+  TpuShim_HostRegistration registration; /* out: HostMemory_Unregister */
+} TpuShim_HostMemory_Register_Args;
+#define TPUSHIM_HOSTMEMORY_REGISTER_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_HostMemory_Register_Args, registration)
+typedef TpuShim_Error* TpuShim_HostMemory_Register_Fn(
+    TpuShim_HostMemory_Register_Args* args);
+
+/* Ends a registration: new transfers no longer use it; BLOCKS until the
+ * transfers submitted inside it have finished, then unmaps and unpins it.
+ * The handle is stale afterwards. INVALID_ARGUMENT for a stale, freed or
+ * foreign handle. */
+typedef struct TpuShim_HostMemory_Unregister_Args {
+  size_t struct_size;
+  TpuShim_System system;                 /* in: the registration's system */
+  TpuShim_HostRegistration registration; /* in */
+} TpuShim_HostMemory_Unregister_Args;
+#define TPUSHIM_HOSTMEMORY_UNREGISTER_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_HostMemory_Unregister_Args, registration)
+typedef TpuShim_Error* TpuShim_HostMemory_Unregister_Fn(
+    TpuShim_HostMemory_Unregister_Args* args);
 
 /* ---- The table */
 
@@ -1139,6 +1195,9 @@ typedef struct TpuShim_Api {
   TPUSHIM_API_FN(DeviceBuffer_ReadyEvent);
   TPUSHIM_API_FN(Transfer_BeginChunked);
   TPUSHIM_API_FN(Transfer_Chunk);
+  /* 1.4: registered host memory */
+  TPUSHIM_API_FN(HostMemory_Register);
+  TPUSHIM_API_FN(HostMemory_Unregister);
 } TpuShim_Api;
 
 #undef TPUSHIM_API_FN

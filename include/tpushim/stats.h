@@ -64,13 +64,23 @@ struct TransferStats {
   uint64_t staged_bounce = 0;
   uint64_t bounce_pool_bytes = 0;
   bool bounce_pool_locked = false;
-  uint64_t pinned_bytes_now = 0;  // caller pages pinned right now
+  // Caller pages pinned right now, registered host memory included.
+  uint64_t pinned_bytes_now = 0;
   // Device memory.
   uint64_t device_buffers_live = 0;
   uint64_t device_bytes_live = 0;
   uint64_t events_pending = 0;  // operations not yet ready
   uint64_t callbacks_run = 0;
   std::vector<QueueStats> queues;  // device-major, then direction
+  // Registered host memory (System::RegisterHostMemory): the zero-copy
+  // transfers, per direction (h2d, d2h), whose host range lay in a
+  // registration rather than the region (counted in host[d][kZeroCopy]
+  // too: transfers completed, bytes of the successful ones), and the
+  // registrations live now with their bytes.
+  std::array<uint64_t, 2> zero_copy_registered_transfers{};
+  std::array<uint64_t, 2> zero_copy_registered_bytes{};
+  uint64_t registrations_live = 0;
+  uint64_t registered_bytes = 0;
 };
 
 // The premapped region and its allocator.

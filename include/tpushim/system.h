@@ -21,6 +21,8 @@
 // not started, lets started ones finish, and releases every device
 // buffer, staging buffer, pin and the region. REQUIRES: every PinnedHostBuffer
 // of the system is destroyed first (its memory is part of the region).
+// Host memory registrations left are released (WARNING; see
+// HostRegistration).
 //
 // Thread-safety: all methods are thread-safe.
 //
@@ -94,6 +96,51 @@ class TPUSHIM_EXPORT PinnedHostBuffer {
 
   std::shared_ptr<Owner> owner_;
   void* data_ = nullptr;
+  uint64_t size_ = 0;
+};
+
+// Host memory the caller owns and registered for DMA
+// (System::RegisterHostMemory; PJRT's DmaMap): pinned once and mapped for
+// every device, so that transfers wholly inside it are zero-copy whatever
+// their size. Move-only; destroying it unregisters (an error is logged).
+// The caller keeps the memory mapped until the registration ends.
+//
+// It may outlive its System: destroying the System releases the
+// registrations left (unmapped and unpinned, with one WARNING naming how
+// many and their bytes), and Unregister then does nothing and returns OK.
+// In a fork() child, Unregister is FAILED_PRECONDITION (the registration
+// is the parent's) and destroying it does nothing.
+class TPUSHIM_EXPORT HostRegistration {
+ public:
+  HostRegistration() = default;
+  HostRegistration(HostRegistration&& other) noexcept;
+  HostRegistration& operator=(HostRegistration&& other) noexcept;
+  HostRegistration(const HostRegistration&) = delete;
+  HostRegistration& operator=(const HostRegistration&) = delete;
+  ~HostRegistration();
+
+  const void* data() const { return data_; }
+  uint64_t size() const { return size_; }
+  explicit operator bool() const { return data_ != nullptr; }
+  // Ends the registration: new transfers no longer use it; BLOCKS until
+  // the transfers submitted inside it (queued ones included) have
+  // finished (their events are ready when it returns), then unmaps it
+  // from the devices and unpins it. The
+  // registration is empty afterwards, whatever the result. OK for an empty
+  // one and once its System is gone.
+  absl::Status Unregister();
+
+  struct Owner;  // driver/system.cc
+
+ private:
+  friend class System;
+  HostRegistration(std::shared_ptr<Owner> owner, uint64_t id, const void* data,
+                   uint64_t size)
+      : owner_(std::move(owner)), id_(id), data_(data), size_(size) {}
+
+  std::shared_ptr<Owner> owner_;
+  uint64_t id_ = 0;
+  const void* data_ = nullptr;
   uint64_t size_ = 0;
 };
 
@@ -322,8 +369,28 @@ class TPUSHIM_EXPORT System {
       uint64_t size, bool is_last, absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
-  // The path a host transfer of `size` bytes at `host` would take.
+  // The path a host transfer of `size` bytes at `host` would take
+  // (kZeroCopy inside the region or a registration).
   TransferPath PathFor(const void* host, uint64_t size) const;
+
+  // Registers the caller's host memory [data, data + size) for DMA by
+  // every device, with or without the premapped region: pinned once
+  // (long-term where the kernel can, else mlock), not inherited by fork()
+  // children (its whole pages, until it is unregistered), and mapped into
+  // each device's host window (an IOMMU mapping for vfio://). Byte and
+  // array transfers whose host range lies wholly inside it are zero-copy,
+  // whatever their size and the threshold (an array whose device layout
+  // differs from the dense array still needs the copy through staging
+  // that lays it out; a host address the device cannot DMA goes through
+  // staging as anywhere else). Errors, with nothing changed:
+  // INVALID_ARGUMENT for null or size 0, a range that overlaps another
+  // registration (naming both ranges), the premapped region or the
+  // engine's bounce pool, or that a device cannot DMA (for vfio://, not
+  // 4096-byte aligned in start and size; the message names the alignment);
+  // the pin's failure with the RLIMIT_MEMLOCK limit and how to raise it;
+  // FAILED_PRECONDITION in a fork() child.
+  absl::StatusOr<HostRegistration> RegisterHostMemory(const void* data,
+                                                      uint64_t size);
 
   // A snapshot of the region, its allocator, every queue and device.
   SystemStats GetStats() const;

@@ -27,6 +27,9 @@ class AlignedDevice : public Device {
     info_.block_bytes = block_bytes;
   }
   const DeviceInfo& info() const override { return info_; }
+  void SetWindowAlignment(uint32_t alignment) {
+    info_.window_alignment = alignment;
+  }
   void SetCompletionSink(DmaCompletionSink* sink) override {
     device_->SetCompletionSink(sink);
   }
@@ -46,6 +49,7 @@ class AlignedDevice : public Device {
     if (id.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       bases_[*id] = reinterpret_cast<uintptr_t>(base);
+      lengths_[*id] = length;
     }
     return id;
   }
@@ -53,6 +57,7 @@ class AlignedDevice : public Device {
     {
       std::lock_guard<std::mutex> lock(mu_);
       bases_.erase(window);
+      lengths_.erase(window);
     }
     return device_->UnregisterHostWindow(window);
   }
@@ -76,17 +81,34 @@ class AlignedDevice : public Device {
   }
   void Shutdown() override { device_->Shutdown(); }
 
+  std::vector<std::pair<const void*, uint64_t>> Windows() {
+    std::lock_guard<std::mutex> lock(mu_);
+    std::vector<std::pair<const void*, uint64_t>> windows;
+    for (const auto& [id, base] : bases_) {
+      windows.emplace_back(reinterpret_cast<const void*>(base), lengths_[id]);
+    }
+    return windows;
+  }
+
  private:
   std::unique_ptr<Device> device_;
   DeviceInfo info_;
   std::shared_ptr<std::atomic<uint64_t>> misaligned_;
   std::mutex mu_;
   std::map<HostWindowId, uintptr_t> bases_;
+  std::map<HostWindowId, uint64_t> lengths_;
 };
 
 }  // namespace
 
 uint64_t TransferRig::misaligned_dma() const { return misaligned_dma_->load(); }
+
+std::vector<std::pair<const void*, uint64_t>> TransferRig::HostWindows(
+    int device) {
+  auto* d = dynamic_cast<AlignedDevice*>(devices_[device].get());
+  return d == nullptr ? std::vector<std::pair<const void*, uint64_t>>{}
+                      : d->Windows();
+}
 
 absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
     Params params) {
@@ -110,11 +132,14 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
   TPUSHIM_ASSIGN_OR_RETURN(
       rig->devices_,
       OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
-  if (params.host_alignment > 1 || params.block_bytes > 1) {
+  if (params.host_alignment > 1 || params.block_bytes > 1 ||
+      params.window_alignment > 1) {
     for (auto& d : rig->devices_) {
       d = std::make_unique<AlignedDevice>(std::move(d), params.host_alignment,
                                           params.block_bytes,
                                           rig->misaligned_dma_);
+      static_cast<AlignedDevice&>(*d).SetWindowAlignment(
+          params.window_alignment);
     }
   }
   std::vector<Device*> devices;

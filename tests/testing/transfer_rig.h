@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -47,6 +48,9 @@ class TransferRig {
     // (as NVMe states its logical block): device buffers and the offsets
     // and sizes of transfers are multiples of it.
     uint32_t block_bytes = 1;
+    // > 1: every device states that registered host memory must lie on
+    // multiples of this (as vfio:// states its IOMMU page).
+    uint32_t window_alignment = 1;
     TransferEngine::Config engine{};
     // TPUSHIM_MEMORY_PROFILE: opened for the devices before the engine
     // starts, as System::Create does; "" = none.
@@ -65,6 +69,10 @@ class TransferRig {
   FaultInjector& faults() { return *faults_; }
   // Descriptors whose host address broke Params::host_alignment.
   uint64_t misaligned_dma() const;
+  // The host windows (base, length) registered with `device` now, when
+  // the devices are wrapped (host_alignment, block_bytes or
+  // window_alignment > 1); empty otherwise.
+  std::vector<std::pair<const void*, uint64_t>> HostWindows(int device);
   FaultInjectingOs& os() { return *os_; }
 
   // Shuts down and destroys the engine, then the devices and the region,
