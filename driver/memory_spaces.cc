@@ -495,7 +495,8 @@ absl::StatusOr<MemoryCopy> MemorySpaces::Create(const void* data, uint64_t size,
         kWhat, ": kMutableZeroCopy needs the host range [0x",
         absl::Hex(reinterpret_cast<uintptr_t>(data)), ", +", size,
         ") to lie in memory every device DMAs directly (the premapped "
-        "region) to alias it as pinned_host, and a copy would not be "
+        "region, or host memory registered with RegisterHostMemory) to "
+        "alias it as pinned_host, and a copy would not be "
         "mutable through it; allocate the buffer in pinned_host "
         "(AllocateInMemory) and write there, or ask for kImmutableZeroCopy, "
         "which copies"));

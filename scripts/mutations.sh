@@ -30,7 +30,7 @@ mutations=(
   'numa-bind :: allocator/premapped_region.cc :: ? os->NumaBindMemory(range.start, range.length, node) :: ? absl::OkStatus() :: region_pages_test :: *Numa* :: the region is bound to its NUMA node before the first touch'
   'mlock :: allocator/premapped_region.cc :: os->Mlock(range.start, range.length, Os::LockWhen::kOnFault) :: absl::OkStatus() :: region_pages_test :: *Lock* :: the region is locked in memory'
   'prefault-threads :: allocator/prefaulter.cc :: for (int i = 0; i < threads; ++i) { :: for (int i = 0; i < 1; ++i) { :: region_allocator_test :: *SeveralThreads* :: pre-faulting runs on several threads'
-  'zero-copy-detection :: transfer/engine_queues.cc :: if (ClassifyHostRange(host, size) != HostRange::kPageable) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
+  'zero-copy-detection :: transfer/engine_queues.cc :: if (ClassifyHostRange(host, size) == HostRange::kPremappedRegion) { :: if (false) { :: transfer_engine_test :: *ZeroCopy* :: buffers from the region move without a copy'
   'threshold-comparison :: transfer/engine_queues.cc :: } else if (size <= threshold_) { :: } else if (size < threshold_) { :: transfer_smoke_test :: *Threshold* :: the threshold is inclusive'
   'staging-overlap :: transfer/engine_staging.cc :: if (buf == nullptr && held < StagingDepth(op)) { :: if (buf == nullptr && held < 1) { :: staging_pipeline_test :: *NextChunk* :: a staged transfer copies chunk k+1 while chunk k moves'
   'bounded-staging :: transfer/engine_staging.cc :: while (cur + bytes <= max_staging_) { :: while (true) { :: transfer_engine_test :: *StagingBackpressure* :: staging bytes in flight are bounded'

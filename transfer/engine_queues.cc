@@ -46,7 +46,7 @@ PathChoice Engine::PathFor(const void* host, uint64_t size, int device,
     c.misaligned = misaligned;
     return c;
   }
-  if (ClassifyHostRange(host, size) != HostRange::kPageable) {
+  if (ClassifyHostRange(host, size) == HostRange::kPremappedRegion) {
     c.path = TransferPath::kZeroCopy;
   } else if (size <= threshold_) {
     c.path = TransferPath::kStaged;
@@ -71,6 +71,10 @@ HostRange Engine::ClassifyHostRange(const void* host, uint64_t size) const {
   if (size > 0 && region_ != nullptr &&
       region_->allocator().Contains(host, size)) {
     return HostRange::kPremappedRegion;
+  }
+  if (size > 0 && live_registrations_.load(std::memory_order_acquire) > 0) {
+    MutexLock lock(&reg_mu_);
+    if (FindRegistrationLocked(host, size)) return HostRange::kRegistered;
   }
   return HostRange::kPageable;
 }

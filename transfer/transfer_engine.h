@@ -109,11 +109,12 @@ struct DeviceMemoryUse {
 };
 
 // Where a host range lies, for the paths and for aliasing host memory: in
-// host memory every device can DMA directly (the premapped region), or in
-// ordinary pageable memory.
+// host memory every device can DMA directly (the premapped region, or a
+// range the caller registered), or in ordinary pageable memory.
 enum class HostRange {
   kPageable,
   kPremappedRegion,
+  kRegistered,
 };
 
 class TransferEngine {

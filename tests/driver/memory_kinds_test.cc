@@ -4,7 +4,9 @@
 // semantics (tpushim/memory.h, docs/api.md "Memory kinds").
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <string>
 #include <thread>
@@ -561,6 +563,53 @@ TEST_F(MemoryKindsTest, PinnedHostZeroCopyOutsideTheRegion) {
   EXPECT_THAT(m.status().message(), HasSubstr("kMutableZeroCopy"));
   EXPECT_THAT(m.status().message(), HasSubstr("premapped region"));
   EXPECT_EQ(system_->GetMemoryStats(pinned())->num_allocs, allocs);
+}
+
+// Registered memory is memory every device DMAs directly, as the region
+// is: a pinned_host buffer over it aliases it (mutably, if asked), and its
+// copies to a device are zero-copy. Once unregistered, the alias still
+// holds the right bytes; its copies take the ordinary paths.
+TEST_F(MemoryKindsTest, PinnedHostAliasesRegisteredMemory) {
+  Start();
+  constexpr uint64_t n = 64 << 10;
+  void* raw = nullptr;
+  ASSERT_EQ(posix_memalign(&raw, 4096, n), 0);
+  std::unique_ptr<char, decltype(&std::free)> host(static_cast<char*>(raw),
+                                                   &std::free);
+  const std::vector<char> data = Pattern(n, 37);
+  std::memcpy(host.get(), data.data(), n);
+  absl::StatusOr<HostRegistration> reg =
+      system_->RegisterHostMemory(host.get(), n);
+  ASSERT_TRUE(reg.ok()) << reg.status();
+
+  auto alias = system_->CreateMemoryBuffer(
+      host.get(), n, pinned(), HostBufferSemantics::kMutableZeroCopy);
+  ASSERT_TRUE(alias.ok()) << alias.status();
+  EXPECT_TRUE(alias->buffer.aliases_caller_memory());
+  EXPECT_TRUE(alias->buffer.mutable_alias());
+  EXPECT_EQ(alias->buffer.data(), host.get());
+
+  const auto registered_h2d = [&] {
+    return system_->GetStats().transfers.zero_copy_registered_transfers[0];
+  };
+  const uint64_t zero_copy_before = registered_h2d();
+  auto dev = system_->CopyToMemory(alias->buffer, 0);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  ASSERT_TRUE(dev->event.Await().ok());
+  EXPECT_EQ(registered_h2d(), zero_copy_before + 1);
+
+  ASSERT_TRUE(reg->Unregister().ok());
+  const std::vector<char> later = Pattern(n, 41);
+  std::memcpy(host.get(), later.data(), n);
+  auto again = system_->CopyToMemory(alias->buffer, 0);
+  ASSERT_TRUE(again.ok()) << again.status();
+  ASSERT_TRUE(again->event.Await().ok());
+  EXPECT_EQ(registered_h2d(), zero_copy_before + 1);
+  auto back = system_->CopyToMemory(again->buffer, unpinned());
+  ASSERT_TRUE(back.ok()) << back.status();
+  ASSERT_TRUE(back->event.Await().ok());
+  EXPECT_EQ(std::memcmp(back->buffer.data(), later.data(), n), 0);
+  ASSERT_TRUE(system_->Free(alias->buffer).ok());
 }
 
 TEST_F(MemoryKindsTest, UnpinnedHostAliasesAnyCallerMemory) {
