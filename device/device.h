@@ -117,6 +117,9 @@ struct DeviceInfo {
   // 4 for NVMe, whose PRP entries are dword aligned). A host buffer that is
   // not goes through staging, whose buffers always are.
   uint32_t host_alignment = 1;
+  // The host chip it is (TPU_VISIBLE_CHIPS picks which; equal to `id`
+  // when the process uses every chip of the host).
+  int host_chip = 0;
 };
 
 // A device's memory as its allocator sees it.

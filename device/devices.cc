@@ -6,10 +6,14 @@
 namespace tpushim {
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
-    const DeviceUrl& url, Os* os, FaultInjector* faults) {
+    const DeviceUrl& url, Os* os, FaultInjector* faults,
+    const std::vector<int>& host_chips) {
   switch (url.scheme) {
-    case DeviceUrl::Scheme::kSim:
-      return CreateSimDevices(url, os, faults);
+    case DeviceUrl::Scheme::kSim: {
+      SimDeviceOptions options;
+      options.host_chips = host_chips;
+      return CreateSimDevices(url, os, faults, options);
+    }
     case DeviceUrl::Scheme::kVfio:
       return OpenNvmeDevices(url, os, faults);
   }

@@ -54,6 +54,9 @@ struct SimDeviceOptions {
   uint32_t ring_entries = 1024;
   // How long an idle DMA thread polls for work before it sleeps.
   int64_t idle_spin_ns = 30'000;
+  // The host chips to create, in device order (each below `url.devices`);
+  // empty = every chip of the URL.
+  std::vector<int> host_chips;
 };
 
 // Creates the `url.devices` devices of a sim:// URL; they share one
