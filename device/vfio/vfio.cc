@@ -202,8 +202,8 @@ absl::Status VfioDevice::Setup(const Options& options) {
       why = absl::StrCat(
           why, "; the group is open elsewhere",
           holders.empty()
-              ? absl::StrCat(": in a process this user cannot see (`sudo "
-                             "fuser -v ",
+              ? absl::StrCat(": by another process this user cannot see "
+                             "(`sudo fuser -v ",
                              group_path, "` names it: a VM, another tpushim)")
               : absl::StrCat(" by ", absl::StrJoin(holders, ", ")),
           ", or in another tpushim System of this process (a vfio:// "
