@@ -9,11 +9,8 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
     const DeviceUrl& url, Os* os, FaultInjector* faults,
     const std::vector<int>& host_chips) {
   switch (url.scheme) {
-    case DeviceUrl::Scheme::kSim: {
-      SimDeviceOptions options;
-      options.host_chips = host_chips;
-      return CreateSimDevices(url, os, faults, options);
-    }
+    case DeviceUrl::Scheme::kSim:
+      return CreateSimDevices(url, os, faults, SimDeviceOptions{}, host_chips);
     case DeviceUrl::Scheme::kVfio:
       return OpenNvmeDevices(url, os, faults);
   }

@@ -135,7 +135,8 @@ std::string ChipHolder::Describe(absl::Time now) const {
       "pid ", pid, ", user ", user.empty() ? "?" : user, ", command line \"",
       command_line, "\", since ",
       absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", since, absl::UTCTimeZone()),
-      " (", absl::FormatDuration(std::max(held, absl::ZeroDuration())),
+      " (",
+      held < absl::Seconds(1) ? std::string("0s") : absl::FormatDuration(held),
       " ago)");
 }
 

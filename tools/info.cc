@@ -266,13 +266,11 @@ std::string HolderText(const ChipsView& view, const ChipState& chip) {
 
 void PrintChips(const Options& options, const ChipsView& view,
                 std::ostream& out) {
-  out << "
-      Chips(lock files in " << options.run_dir.value << ") ";
-      if (!view.error.empty()){out
-                               << "  cannot read the holders: " << view.error
-                               << "
-                                  ";
-      } TextTable table({"CHIP", "NAME", "THIS PROCESS", "HOLDER"});
+  out << "\nChips (lock files in " << options.run_dir.value << ")\n";
+  if (!view.error.empty()) {
+    out << "  cannot read the holders: " << view.error << "\n";
+  }
+  TextTable table({"CHIP", "NAME", "THIS PROCESS", "HOLDER"});
   for (const ChipState& chip : view.chips) {
     const std::string device = DeviceOfChip(view, chip);
     table.AddRow({absl::StrCat(chip.chip.index), chip.chip.name,
@@ -284,8 +282,8 @@ void PrintChips(const Options& options, const ChipsView& view,
     out << "  " << kLibtpuLockfile << " exists (last written "
         << absl::FormatDuration(
                absl::Seconds(absl::ToInt64Seconds(*view.libtpu_lockfile_age)))
-        << " ago); tpushim ignores it: its chip locks above are the kernel's "
-           "and end with their holders\n";
+        << " ago); tpushim ignores it: the chip locks above are the "
+           "kernel's and end with their holders\n";
   }
 }
 

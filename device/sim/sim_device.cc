@@ -533,7 +533,7 @@ void SimDevice::Shutdown() {
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
     const DeviceUrl& url, Os* os, FaultInjector* faults,
-    SimDeviceOptions options) {
+    SimDeviceOptions options, std::vector<int> host_chips) {
   if (url.scheme != DeviceUrl::Scheme::kSim) {
     return absl::InvalidArgumentError(
         absl::StrCat("CreateSimDevices: \"", url.text, "\" is not sim://"));
@@ -544,7 +544,6 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
         absl::StrCat("simulated device ring of ", options.ring_entries,
                      " entries: must be a power of two in [1, 65536]"));
   }
-  std::vector<int> host_chips = options.host_chips;
   if (host_chips.empty()) {
     for (int i = 0; i < url.devices; ++i) host_chips.push_back(i);
   }

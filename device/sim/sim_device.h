@@ -54,17 +54,16 @@ struct SimDeviceOptions {
   uint32_t ring_entries = 1024;
   // How long an idle DMA thread polls for work before it sleeps.
   int64_t idle_spin_ns = 30'000;
-  // The host chips to create, in device order (each below `url.devices`);
-  // empty = every chip of the URL.
-  std::vector<int> host_chips;
 };
 
 // Creates the `url.devices` devices of a sim:// URL; they share one
 // cluster (device-to-device copies reach any of them). `os` and `faults`
 // (nullable) must outlive the devices. On error nothing stays mapped.
+// `host_chips` picks the chips of the URL's host to create, in device
+// order (each below `url.devices`); empty = every chip.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
     const DeviceUrl& url, Os* os, FaultInjector* faults,
-    SimDeviceOptions options = {});
+    SimDeviceOptions options = {}, std::vector<int> host_chips = {});
 
 }  // namespace tpushim
 

@@ -166,6 +166,13 @@ Options With(Options options, std::string name, std::string value) {
   return options;
 }
 
+// A simulated chip the test device's systems never use (they own chips 0
+// and 1 of a simulated host), for a second system alive beside them.
+Options SpareChipOptions() {
+  return With(SmallOptions("sim://?devices=3&hbm=16M"), "TPU_VISIBLE_CHIPS",
+              "2");
+}
+
 // A device slow enough that work queued behind a transfer is still pending
 // a while later: 0.05 Gbit/s moves 256 KiB in ~40 ms.
 constexpr char kSlowDevice[] = "sim://?devices=1&hbm=16M&link_gbps=0.05";
@@ -566,7 +573,7 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
   calls.push_back(
       {"System_Create", TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE,
        sizeof(TpuShim_System_Create_Args), [this](size_t size, bool null_args) {
-         const Options options = SmallOptions("sim://?hbm=16M");
+         const Options options = SpareChipOptions();
          std::vector<TpuShim_Option> c;
          for (const auto& [n, v] : options) {
            c.push_back({n.c_str(), v.c_str()});
@@ -585,8 +592,7 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
   calls.push_back({"System_Destroy", TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE,
                    sizeof(TpuShim_System_Destroy_Args),
                    [this](size_t size, bool null_args) {
-                     TpuShim_System victim =
-                         NewSystem(SmallOptions("sim://?hbm=16M"));
+                     TpuShim_System victim = NewSystem(SpareChipOptions());
                      TpuShim_System_Destroy_Args a{};
                      a.system = victim;
                      Outcome o =

@@ -195,6 +195,42 @@ TEST(ChipOwnershipTest, AForkChildNeverKeepsItsParentsChips) {
   for (int fd : {ready[0], ready[1], done[0], done[1]}) close(fd);
 }
 
+// Root and another user meet in a run directory the runtime creates (mode
+// 1777, lock files 0666): each is refused naming the other, and each gets
+// the chip once the other lets go. Needs root, to become nobody.
+TEST(ChipOwnershipTest, RootAndAnotherUserShareTheRunDirectory) {
+  if (getuid() != 0) GTEST_SKIP() << "needs root to run a process as nobody";
+  constexpr int kNobody = 65534;
+  const std::string own = getenv("TPUSHIM_RUN_DIR");
+  const std::string shared = own + "/shared";  // made by the runtime
+  ASSERT_EQ(chmod(own.c_str(), 0755), 0);      // nobody may look inside
+  setenv("TPUSHIM_RUN_DIR", shared.c_str(), 1);
+  {
+    absl::StatusOr<std::unique_ptr<System>> mine =
+        System::Create(Small("sim://"));
+    ASSERT_TRUE(mine.ok()) << mine.status();
+    struct stat st;
+    ASSERT_EQ(stat(shared.c_str(), &st), 0);
+    EXPECT_EQ(st.st_mode & 07777, 01777u);
+    Holder refused(CHIP_HOLDER_PATH, "sim://", "0", kNobody);
+    EXPECT_THAT(refused.ReadLine(),
+                AllOf(HasSubstr("error UNAVAILABLE"), HasSubstr("user root")));
+  }
+  Holder nobody(CHIP_HOLDER_PATH, "sim://", "0", kNobody);
+  ASSERT_EQ(nobody.ReadLine(), absl::StrCat("ready ", nobody.pid()));
+  absl::StatusOr<std::unique_ptr<System>> refused =
+      System::Create(Small("sim://"));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(refused.status().message(),
+              AllOf(HasSubstr(absl::StrCat("pid ", nobody.pid())),
+                    HasSubstr("user nobody")));
+  EXPECT_EQ(nobody.Finish(), 0);
+  EXPECT_TRUE(System::Create(Small("sim://")).ok());
+  setenv("TPUSHIM_RUN_DIR", own.c_str(), 1);
+  unlink((shared + "/sim-0.lock").c_str());
+  rmdir(shared.c_str());
+}
+
 TEST(ChipOwnershipTest, AStaleLibtpuLockfileNeverBlocks) {
   // Made here only when absent, and removed again: a real one is left alone.
   const bool made =

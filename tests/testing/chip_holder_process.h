@@ -26,14 +26,17 @@ namespace tpushim::testutil {
 // object goes.
 class Holder {
  public:
+  // `uid` >= 0: the child runs as that user (and its group), which needs
+  // root.
   Holder(const std::string& program, const std::string& device,
-         const std::string& chips) {
+         const std::string& chips, int uid = -1) {
     int in[2], out[2];
     if (pipe2(in, O_CLOEXEC) != 0 || pipe2(out, O_CLOEXEC) != 0) return;
     pid_ = fork();
     if (pid_ == 0) {
       dup2(in[0], 0);
       dup2(out[1], 1);
+      if (uid >= 0 && (setgid(uid) != 0 || setuid(uid) != 0)) _exit(126);
       execl(program.c_str(), program.c_str(), device.c_str(), chips.c_str(),
             static_cast<char*>(nullptr));
       _exit(127);
