@@ -206,7 +206,7 @@ class Os {
   // O_NOFOLLOW|O_CLOEXEC) and, when this call created it, mode 0666
   // whatever the umask (processes of every user lock it); without,
   // open(O_RDONLY|O_NOFOLLOW|O_CLOEXEC) (NOT_FOUND when it does not
-  // exist). Fault point `log_open`. The caller owns the descriptor and
+  // exist). No fault point covers it. The caller owns the descriptor and
   // must Close() it.
   virtual absl::StatusOr<int> OpenLockFile(const std::string& path,
                                            bool create) = 0;
@@ -214,7 +214,7 @@ class Os {
   // (fcntl F_OFD_SETLK, F_WRLCK) without waiting: true when taken, false
   // when another open file description holds one. The kernel drops it
   // when the last descriptor of the description is closed, so also when
-  // its process exits or is killed. Fault point `log_open`.
+  // its process exits or is killed.
   virtual absl::StatusOr<bool> TryLockFile(int fd) = 0;
   // Whether another open file description holds a lock on the file
   // (F_OFD_GETLK); takes nothing.

@@ -15,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -242,34 +243,76 @@ TEST(ChipOwnershipTest, AStaleLibtpuLockfileNeverBlocks) {
   if (made) unlink(kLibtpuLockfile);
 }
 
-// Every open and lock of a chip's lock file failing in turn (fault point
-// log_open covers them): a named error, and nothing left open or held.
+// An OS layer that fails the n-th call (from 1) that opens or locks a
+// chip's lock file, as the kernel would (open: EACCES; fcntl: ENOLCK), and
+// counts them. No fault point of TPUSHIM_FAULTS covers these calls (the
+// points are fixed), so the sweep is this test's own.
+class FailingLockOs : public OsWrapper {
+ public:
+  explicit FailingLockOs(Os* target) : OsWrapper(target) {}
+  void FailCall(int n) {
+    fail_at_ = n;
+    calls_ = 0;
+  }
+  int calls() const { return calls_; }
+
+  absl::StatusOr<int> OpenLockFile(const std::string& path,
+                                   bool create) override {
+    if (create && ++calls_ == fail_at_) {
+      return absl::ErrnoToStatus(EACCES, absl::StrCat("open(", path, ")"));
+    }
+    absl::StatusOr<int> fd = OsWrapper::OpenLockFile(path, create);
+    if (fd.ok()) ++open_;
+    return fd;
+  }
+  absl::StatusOr<bool> TryLockFile(int fd) override {
+    if (++calls_ == fail_at_) {
+      return absl::ErrnoToStatus(ENOLCK, "fcntl(F_OFD_SETLK)");
+    }
+    return OsWrapper::TryLockFile(fd);
+  }
+  absl::Status Close(int fd) override {
+    --open_;
+    return OsWrapper::Close(fd);
+  }
+  int open() const { return open_; }
+
+ private:
+  int fail_at_ = 0;
+  int calls_ = 0;
+  std::atomic<int> open_{0};  // descriptors open (all kinds, from here on)
+};
+
+// Every open and lock of a chip's lock file failing in turn: a named
+// error, and nothing left open or held (the next System gets the chips).
 TEST(ChipOwnershipTest, AFailingLockCallIsNamedAndLeavesNothingHeld) {
-  FaultInjector faults(FaultSpec{});
-  FaultInjectingOs os(Os::Default(), &faults);
-  OptionOverrides o = Small("sim://?devices=2");
-  absl::StatusOr<FaultSweepReport> report = SweepEveryCall(
-      faults, FaultPointSet{FaultPoint::kLogOpen}, [&](FaultSweepRun& run) {
-        run.Arm();
-        absl::StatusOr<std::unique_ptr<System>> system =
-            SystemFactory::Create(o, &os, &faults);
-        run.Disarm();
-        if (run.point().has_value()) {
-          ASSERT_FALSE(system.ok()) << run.Name();
-          EXPECT_THAT(
-              system.status().message(),
-              AllOf(HasSubstr("sim chip"), HasSubstr(run.InjectedTag())));
-        } else {
-          ASSERT_TRUE(system.ok()) << system.status();
-        }
-        system = absl::UnknownError("destroyed");
-        EXPECT_EQ(os.open_files(), 0u) << run.Name();
-        EXPECT_TRUE(System::Create(Small("sim://?devices=2")).ok())
-            << run.Name();
-      });
-  ASSERT_TRUE(report.ok()) << report.status();
-  // Two chips: an open and a lock each.
-  EXPECT_EQ(report->calls[static_cast<int>(FaultPoint::kLogOpen)], 4u);
+  FailingLockOs os(Os::Default());
+  const OptionOverrides o = Small("sim://?devices=2");
+  os.FailCall(0);
+  {
+    absl::StatusOr<std::unique_ptr<System>> counting =
+        SystemFactory::Create(o, &os);
+    ASSERT_TRUE(counting.ok()) << counting.status();
+  }
+  const int calls = os.calls();
+  EXPECT_EQ(calls, 4);  // two chips: an open and a lock each
+  for (int n = 1; n <= calls; ++n) {
+    os.FailCall(n);
+    const int open_before = os.open();
+    absl::StatusOr<std::unique_ptr<System>> system =
+        SystemFactory::Create(o, &os);
+    ASSERT_FALSE(system.ok()) << "call " << n;
+    EXPECT_EQ(system.status().code(), n % 2 == 1
+                                          ? absl::StatusCode::kPermissionDenied
+                                          : absl::ErrnoToStatusCode(ENOLCK))
+        << system.status();
+    EXPECT_THAT(system.status().message(),
+                AllOf(HasSubstr(absl::StrCat("sim chip ", (n - 1) / 2)),
+                      HasSubstr(n % 2 == 1 ? "open(" : "fcntl(F_OFD_SETLK)")))
+        << system.status();
+    EXPECT_EQ(os.open(), open_before) << "call " << n;
+    EXPECT_TRUE(System::Create(Small("sim://?devices=2")).ok()) << "call " << n;
+  }
 }
 
 }  // namespace

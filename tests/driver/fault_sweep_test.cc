@@ -48,7 +48,6 @@
 namespace tpushim {
 namespace {
 
-using ::testing::AllOf;
 using ::testing::AnyOf;
 using ::testing::HasSubstr;
 using testutil::LogDirectoryProblems;
@@ -260,19 +259,6 @@ uint64_t Calls(const FaultSweepReport& report, FaultPoint point) {
 
 // ---- Start-up ---------------------------------------------------------------
 
-// Start-up's first calls at point `log_open` besides the INFO log file are
-// the chips' lock files (opened, then locked): a failing one fails
-// start-up, naming the chip, before anything is mapped.
-bool IsChipLockFailure(const absl::Status& status, const FaultSweepRun& run) {
-  if (run.point() != FaultPoint::kLogOpen) return false;
-  EXPECT_THAT(status.message(),
-              AllOf(HasSubstr("sim chip"), HasSubstr(run.InjectedTag())));
-  EXPECT_THAT(status.code(),
-              AnyOf(absl::StatusCode::kPermissionDenied,  // open: EACCES
-                    absl::ErrnoToStatusCode(ENOLCK)));    // fcntl: ENOLCK
-  return true;
-}
-
 TEST_F(FaultSweepTest, EveryStartupCallFailsCleanly) {
   absl::StatusOr<FaultSweepReport> report =
       Sweep("start-up", [&](FaultSweepRun& run) {
@@ -288,19 +274,16 @@ TEST_F(FaultSweepTest, EveryStartupCallFailsCleanly) {
           if (!system.ok()) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
-            if (!IsChipLockFailure(system.status(), run)) {
-              // Only the chips' locks, mapping and pre-faulting may fail
-              // it: start-up tolerates failures of mlock
-              // (TPUSHIM_MLOCK=on), NUMA binding (auto), huge-page advice
-              // (auto) and log files.
-              EXPECT_THAT(*run.point(),
-                          AnyOf(FaultPoint::kMmap, FaultPoint::kMadvise))
-                  << system.status();
-              EXPECT_EQ(system.status().code(), InjectedCode(*run.point()))
-                  << system.status();
-              EXPECT_THAT(system.status().message(),
-                          HasSubstr(run.InjectedTag()));
-            }
+            // Only mapping and pre-faulting may fail it: start-up
+            // tolerates failures of mlock (TPUSHIM_MLOCK=on), NUMA binding
+            // (auto), huge-page advice (auto) and log files.
+            EXPECT_THAT(*run.point(),
+                        AnyOf(FaultPoint::kMmap, FaultPoint::kMadvise))
+                << system.status();
+            EXPECT_EQ(system.status().code(), InjectedCode(*run.point()))
+                << system.status();
+            EXPECT_THAT(system.status().message(),
+                        HasSubstr(run.InjectedTag()));
           } else {
             const std::string info = InfoLog(logs);
             if (run.point().has_value()) {
@@ -359,13 +342,12 @@ TEST_F(FaultSweepTest, EveryRegionOffStartupCallFailsCleanly) {
           if (!system.ok()) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
-            if (!IsChipLockFailure(system.status(), run)) {
-              EXPECT_THAT(*run.point(), AnyOf(FaultPoint::kMmap))
-                  << system.status();
-              EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
-              EXPECT_THAT(system.status().message(),
-                          HasSubstr(run.InjectedTag()));
-            }
+            EXPECT_THAT(*run.point(),
+                        AnyOf(FaultPoint::kMmap))
+                << system.status();
+            EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
+            EXPECT_THAT(system.status().message(),
+                        HasSubstr(run.InjectedTag()));
           } else {
             const std::string info = InfoLog(logs);
             if (run.point().has_value()) {
@@ -416,10 +398,8 @@ TEST_F(FaultSweepTest, EveryBackgroundStartupCallFailsCleanly) {
           if (!system.ok()) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
-            if (!IsChipLockFailure(system.status(), run)) {
-              EXPECT_EQ(*run.point(), FaultPoint::kMmap) << system.status();
-              EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
-            }
+            EXPECT_EQ(*run.point(), FaultPoint::kMmap) << system.status();
+            EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
           } else if (!premapped.ok()) {
             // Pre-faulting failed behind the caller.
             ASSERT_TRUE(run.point().has_value()) << premapped;
