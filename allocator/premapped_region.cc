@@ -13,6 +13,7 @@
 #include "allocator/prefaulter.h"
 #include "common/human_bytes.h"
 #include "common/status_macros.h"
+#include "env/chips.h"
 #include "env/fork_guard.h"
 #include "env/host_facts.h"
 #include "env/mapping_facts.h"
@@ -58,6 +59,7 @@ absl::StatusOr<std::unique_ptr<PremappedRegion>> PremappedRegion::Create(
 
   // 1. Checks before touching memory.
   TPUSHIM_ASSIGN_OR_RETURN(HostFacts facts, ReadHostFacts(*os));
+  AddOtherTpushimProcesses(*os, options.run_dir.value, facts);
   const MlockMode mlock_mode = options.mlock.value;
   bool try_mlock = mlock_mode != MlockMode::kOff;
   absl::Status lock_error;  // why the region will not be locked

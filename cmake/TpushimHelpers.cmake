@@ -30,7 +30,10 @@ endfunction()
 # (label `concurrency` added when NAME is in TPUSHIM_CONCURRENCY_TESTS).
 function(tpushim_add_test name)
   cmake_parse_arguments(ARG "" "" "SRCS;DEPS;LABELS" ${ARGN})
-  add_executable(${name} ${ARG_SRCS})
+  # Every test process gets its own run directory (chip locks), unless its
+  # runner gives one: see tests/testing/private_run_dir.cc.
+  add_executable(${name} ${ARG_SRCS}
+    ${PROJECT_SOURCE_DIR}/tests/testing/private_run_dir.cc)
   target_compile_options(${name} PRIVATE ${TPUSHIM_WARNING_FLAGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} GTest::gmock GTest::gtest_main)
   set(properties TIMEOUT 300)
@@ -53,4 +56,18 @@ function(tpushim_add_bench name)
   add_executable(${name} ${ARG_SRCS})
   target_compile_options(${name} PRIVATE ${TPUSHIM_WARNING_FLAGS})
   target_link_libraries(${name} PRIVATE ${ARG_DEPS} benchmark::benchmark)
+endfunction()
+
+# tpushim_private_run_dirs()
+# Gives every test added so far with add_test in the current directory
+# TPUSHIM_RUN_DIR=<build>/run/<test>, so that no two tests share chip locks
+# (gtest programs make their own: tests/testing/private_run_dir.cc). Call it
+# at the end of a CMakeLists.txt that calls add_test.
+function(tpushim_private_run_dirs)
+  file(MAKE_DIRECTORY ${PROJECT_BINARY_DIR}/run)
+  get_property(tests DIRECTORY PROPERTY TESTS)
+  foreach(test ${tests})
+    set_property(TEST ${test} APPEND PROPERTY ENVIRONMENT
+      "TPUSHIM_RUN_DIR=${PROJECT_BINARY_DIR}/run/${test}")
+  endforeach()
 endfunction()

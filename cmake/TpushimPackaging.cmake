@@ -21,8 +21,8 @@ include(CMakePackageConfigHelpers)
 # before the ones it uses or it would be listed twice.
 set(TPUSHIM_INTERNAL_LIBRARIES
   tpushim_system tpushim_transfer tpushim_device tpushim_allocator
-  tpushim_logging tpushim_host_facts tpushim_options tpushim_os
-  tpushim_common)
+  tpushim_logging tpushim_chips tpushim_host_facts tpushim_options
+  tpushim_os tpushim_common)
 if(TARGET tpushim_capi)
   list(PREPEND TPUSHIM_INTERNAL_LIBRARIES tpushim_capi)
 endif()

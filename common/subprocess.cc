@@ -85,11 +85,13 @@ std::vector<char*> CStringArray(const std::vector<std::string>& strings) {
 // `env` plus the caller's sanitizer runtime options that `env` does not
 // set: in a sanitizer build the child is instrumented too, and a job's
 // settings (suppressions, halt_on_error, leak checking) must reach it.
+// Likewise the caller's chip run directory (TPUSHIM_RUN_DIR): a child sees
+// the chips of its parent's host, held by the same processes.
 std::vector<std::string> WithSanitizerOptions(
     const std::vector<std::string>& env) {
   std::vector<std::string> out = env;
   for (const char* name : {"ASAN_OPTIONS", "LSAN_OPTIONS", "UBSAN_OPTIONS",
-                           "TSAN_OPTIONS", "MSAN_OPTIONS"}) {
+                           "TSAN_OPTIONS", "MSAN_OPTIONS", "TPUSHIM_RUN_DIR"}) {
     const char* value = getenv(name);
     if (value == nullptr) continue;
     const std::string prefix = absl::StrCat(name, "=");

@@ -3,7 +3,8 @@
 // and the end-to-end tests of the `tpushim` tool run the tool this way.
 //
 // The child is started with posix_spawn and an explicit envp: it inherits
-// no environment variable from the caller (sanitizer options aside, see
+// no environment variable from the caller (sanitizer options and the chip run
+// directory aside, see
 // RunSubprocess), and the caller never needs setenv. Its stdin is /dev/null;
 // stdout and stderr are read through pipes, concurrently, so neither can fill
 // up and stall the child.
@@ -44,7 +45,8 @@ struct SubprocessResult {
 // Runs `path` with argv[0] = `path` followed by `args`, in the environment
 // `env` ("NAME=value" strings, nothing else but the caller's sanitizer
 // options ASAN_/LSAN_/UBSAN_/TSAN_/MSAN_OPTIONS that `env` does not set, so
-// that a sanitizer job's settings reach instrumented children), and waits
+// that a sanitizer job's settings reach instrumented children, and its
+// TPUSHIM_RUN_DIR, so that the child meets the same chip locks), and waits
 // for it to end.
 //
 // Returns the result whatever the child's exit status. Errors: the status

@@ -122,6 +122,9 @@ struct DeviceInfo {
   // (4096) for vfio://, which maps whole pages and would otherwise expose
   // the bytes around the range to the device.
   uint32_t window_alignment = 1;
+  // The host chip it is (TPU_VISIBLE_CHIPS picks which; equal to `id`
+  // when the process uses every chip of the host).
+  int host_chip = 0;
 };
 
 // A device's memory as its allocator sees it.

@@ -6,10 +6,11 @@
 namespace tpushim {
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
-    const DeviceUrl& url, Os* os, FaultInjector* faults) {
+    const DeviceUrl& url, Os* os, FaultInjector* faults,
+    const std::vector<int>& host_chips) {
   switch (url.scheme) {
     case DeviceUrl::Scheme::kSim:
-      return CreateSimDevices(url, os, faults);
+      return CreateSimDevices(url, os, faults, SimDeviceOptions{}, host_chips);
     case DeviceUrl::Scheme::kVfio:
       return OpenNvmeDevices(url, os, faults);
   }

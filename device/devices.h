@@ -19,8 +19,11 @@ namespace tpushim {
 
 // Opens every device of `url`, numbered 0 .. N-1. `os` and `faults`
 // (nullable) must outlive them. On error nothing stays open or mapped.
+// `host_chips` picks the chips of the host to open, in device order
+// (empty = all; a vfio:// URL has the one chip 0).
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> OpenDevices(
-    const DeviceUrl& url, Os* os, FaultInjector* faults);
+    const DeviceUrl& url, Os* os, FaultInjector* faults,
+    const std::vector<int>& host_chips = {});
 
 }  // namespace tpushim
 

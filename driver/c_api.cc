@@ -39,9 +39,11 @@
 
 #include "tpushim/c_api.h"
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <new>
@@ -63,6 +65,7 @@
 #include "driver/c_api_support.h"
 #include "driver/system_internal.h"
 #include "env/options.h"
+#include "tpushim/chips.h"
 #include "tpushim/system.h"
 
 namespace tpushim {
@@ -591,6 +594,57 @@ TpuShim_Error* EventDestroy(TpuShim_Event_Destroy_Args* args) {
   });
 }
 
+// ---- Chips ------------------------------------------------------------------
+
+void CopyCut(const std::string& from, char* to, size_t size) {
+  const size_t n = std::min(from.size(), size - 1);
+  std::memcpy(to, from.data(), n);
+  to[n] = '\0';
+}
+
+TpuShim_Error* ChipsList(TpuShim_Chips_List_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "Chips_List", TPUSHIM_CHIPS_LIST_ARGS_STRUCT_SIZE);
+    if ((args->options == nullptr && args->num_options > 0) ||
+        (args->chips == nullptr && args->capacity > 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "Chips_List: args->",
+          args->chips == nullptr && args->capacity > 0 ? "chips" : "options",
+          " is NULL and its count is not 0"));
+    }
+    OptionOverrides overrides;
+    for (size_t i = 0; i < args->num_options; ++i) {
+      const TpuShim_Option& option = args->options[i];
+      if (option.name == nullptr || option.value == nullptr) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "Chips_List: options[", i, "].",
+            option.name == nullptr ? "name" : "value", " is NULL"));
+      }
+      TPUSHIM_RETURN_IF_ERROR(
+          SetOptionOverride(overrides, option.name, option.value));
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(const std::vector<ChipInfo> chips,
+                             ListChips(overrides));
+    for (size_t i = 0; i < chips.size() && i < args->capacity; ++i) {
+      const ChipInfo& c = chips[i];
+      TpuShim_ChipInfo& out = args->chips[i];
+      out = TpuShim_ChipInfo{};
+      out.host_chip = c.host_chip;
+      out.held = c.held ? 1 : 0;
+      CopyCut(c.name, out.name, sizeof(out.name));
+      if (c.holder.has_value()) {
+        out.pid = c.holder->pid;
+        out.since_unix_us = absl::ToUnixMicros(c.holder->since);
+        CopyCut(c.holder->user, out.user, sizeof(out.user));
+        CopyCut(c.holder->command_line, out.command_line,
+                sizeof(out.command_line));
+      }
+    }
+    args->num_chips = chips.size();
+    return absl::OkStatus();
+  });
+}
+
 constexpr TpuShim_Api kApi = {
     .struct_size = sizeof(TpuShim_Api),
     .api_major = TPUSHIM_API_MAJOR,
@@ -635,6 +689,7 @@ constexpr TpuShim_Api kApi = {
     .Transfer_Chunk = TransferChunk,
     .HostMemory_Register = HostMemoryRegister,
     .HostMemory_Unregister = HostMemoryUnregister,
+    .Chips_List = ChipsList,
 };
 
 }  // namespace

@@ -11,11 +11,12 @@
 #include "allocator/premapped_region.h"
 #include "common/mutex.h"
 #include "common/status_macros.h"
-#include "env/fork_guard.h"
 #include "device/devices.h"
 #include "driver/memory_spaces.h"
 #include "driver/system_internal.h"
+#include "env/chips.h"
 #include "env/fault_injection.h"
+#include "env/fork_guard.h"
 #include "env/options.h"
 #include "logging/log.h"
 #include "transfer/transfer_engine.h"
@@ -224,6 +225,8 @@ struct System::Impl {
   // From TPUSHIM_FAULTS; null when SystemFactory's caller injects faults.
   std::unique_ptr<FaultInjector> faults;
   std::unique_ptr<FaultInjectingOs> os;
+  // Let go last, once the devices are closed.
+  ChipOwnership chips;
   std::vector<std::unique_ptr<Device>> devices;
   std::vector<DeviceDescription> descriptions;
   std::unique_ptr<PremappedRegion> region;
@@ -350,8 +353,30 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     os = impl->os.get();
   }
 
-  TPUSHIM_ASSIGN_OR_RETURN(impl->devices,
-                           OpenDevices(options.device.value, os, injector));
+  // The chips first: a chip another System holds is refused before
+  // anything is mapped, opened or premapped.
+  const std::vector<HostChip> chips = ProcessHostChips(options);
+  TPUSHIM_ASSIGN_OR_RETURN(
+      impl->chips,
+      ChipOwnership::Acquire(*os, options.run_dir.value, chips,
+                             options.premapped_region_enabled()
+                                 ? options.premapped_buffer_size.value
+                                 : kBouncePoolBytes));
+  {
+    std::vector<std::string> mapping;
+    for (size_t i = 0; i < chips.size(); ++i) {
+      mapping.push_back(absl::StrCat(i, "=", chips[i].name));
+    }
+    LOG(INFO) << "Chips owned by this process (device=host chip): "
+              << absl::StrJoin(mapping, ", ") << "; lock files in "
+              << options.run_dir.value;
+  }
+  std::vector<int> host_chips;
+  if (!options.visible_chips.value.empty()) {
+    host_chips = options.visible_chips.value;
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(impl->devices, OpenDevices(options.device.value, os,
+                                                      injector, host_chips));
   std::optional<int> device_node;
   for (const auto& d : impl->devices) {
     const DeviceInfo& info = d->info();
@@ -364,7 +389,8 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
                           .numa_node = info.numa_node,
                           .link_gbps = info.link_gbps,
                           .latency_us = info.latency_us,
-                          .block_bytes = info.block_bytes});
+                          .block_bytes = info.block_bytes,
+                          .host_chip = info.host_chip});
     if (!device_node) device_node = info.numa_node;
   }
   std::vector<Device*> raw;

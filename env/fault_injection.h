@@ -190,6 +190,9 @@ class FaultInjectingOs : public OsWrapper {
   absl::StatusOr<int> CreateLogFile(const std::string& path) override;
   absl::StatusOr<int> CreateOutputFile(const std::string& path) override;
   absl::Status Close(int fd) override;
+  absl::StatusOr<int> OpenLockFile(const std::string& path,
+                                   bool create) override;
+  absl::StatusOr<bool> TryLockFile(int fd) override;
   absl::StatusOr<int> OpenDevice(const std::string& path, int flags) override;
   absl::StatusOr<int> Ioctl(int fd, unsigned long request, void* arg,
                             const char* name) override;

@@ -56,6 +56,14 @@ void ForgetForkExclusion(const void* addr);
 // Whether the range starting at `addr` is recorded as excluded from fork.
 bool IsExcludedFromFork(const void* addr);
 
+// Records `fd` to be closed in every fork() child (up to 256 at once;
+// more are left open in children): a descriptor whose open file
+// description carries a lock the parent owns (a chip lock) would otherwise
+// keep it held for as long as a child lives, after the parent let go.
+void CloseInForkChild(int fd);
+// Forgets `fd` (before the parent closes it). Unrecorded ones are ignored.
+void ForgetCloseInForkChild(int fd);
+
 // This process's id, kept current across fork() without a system call.
 pid_t CurrentProcessId();
 

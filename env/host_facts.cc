@@ -321,9 +321,26 @@ std::optional<HostClash> CheckMemory(const Options& options,
       (mode == HugePagesMode::kAuto && SomePoolHolds(facts, size))) {
     return std::nullopt;
   }
-  const uint64_t usable = facts.UsableMemoryBytes();
+  // What other tpushim processes are still pinning is not available to us,
+  // though MemAvailable does not show it yet.
+  const uint64_t pending = facts.other_tpushim_pending_bytes;
+  const uint64_t usable = facts.UsableMemoryBytes() > pending
+                              ? facts.UsableMemoryBytes() - pending
+                              : 0;
   const uint64_t headroom = MemoryHeadroomBytes(usable);
   if (size <= usable && usable - size >= headroom) return std::nullopt;
+  const std::string others =
+      facts.other_tpushim.empty()
+          ? std::string()
+          : absl::StrCat(
+                " Other tpushim processes on this host: ",
+                absl::StrJoin(facts.other_tpushim, ", "),
+                pending > 0
+                    ? absl::StrCat(" (", BytesWithHumanReadable(pending),
+                                   " still to be pinned, counted as "
+                                   "taken)")
+                    : std::string(),
+                ".");
   const std::string cgroup =
       facts.cgroup_memory_limit_bytes.has_value()
           ? absl::StrCat(
@@ -346,7 +363,7 @@ std::optional<HostClash> CheckMemory(const Options& options,
                    " must stay free for everything else, so pre-faulting "
                    "would risk the OOM killer; set TPU_PREMAPPED_BUFFER_SIZE "
                    "to at most ",
-                   most, " or free memory.")};
+                   most, " or free memory.", others)};
 }
 
 std::optional<HostClash> CheckMemlock(const Options& options,

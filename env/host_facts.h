@@ -73,6 +73,14 @@ struct HostFacts {
 
   int online_cpus = 1;
   uint64_t page_size = 4096;
+  // Other tpushim processes of the host (holders of chip locks in the run
+  // directory, env/chips.h): what they have yet to pin of what they said
+  // they would (their region or bounce pool minus their VmLck), which
+  // MemAvailable does not show yet, and a description of each ("pid 12
+  // pins 4.00G of 4.00G"). Filled by AddOtherTpushimProcesses, not by
+  // ReadHostFacts.
+  uint64_t other_tpushim_pending_bytes = 0;
+  std::vector<std::string> other_tpushim;
 
   // What this process can still fault in before the host or its cgroup
   // refuses: MemAvailable, lowered to the cgroup headroom when that is
@@ -121,8 +129,9 @@ uint64_t MemoryHeadroomBytes(uint64_t usable_bytes);
 
 // The clashes, in this order; empty when the configuration fits:
 //  * the region plus MemoryHeadroomBytes() is larger than
-//    UsableMemoryBytes() (kError: start-up would fail with
-//    RESOURCE_EXHAUSTED naming MemAvailable and the cgroup limit). Not checked
+//    UsableMemoryBytes() less what other tpushim processes have yet to pin
+//    (kError: start-up would fail with RESOURCE_EXHAUSTED naming
+//    MemAvailable, the cgroup limit and those processes). Not checked
 //    when the region comes from hugetlb pools, which neither MemAvailable nor
 //    the memory cgroup count: under TPUSHIM_HUGEPAGES=hugetlb, or =auto when a
 //    pool holds it;

@@ -79,6 +79,9 @@ struct ParseContext {
   const Options& resolved;
   // Where this value's warnings go.
   std::vector<std::string>* warnings;
+  // Parsed on its own (SetOptionOverride): checks that relate the value to
+  // other settings wait for ResolveOptions.
+  bool standalone;
 };
 
 template <typename T>
@@ -240,6 +243,99 @@ auto ParseWhole(absl::string_view text, const ParseContext& context)
   return parsed;
 }
 
+// TPU_VISIBLE_CHIPS: "" (every chip) or a comma list of distinct host chip
+// indices of the device URL's host (resolved before it).
+absl::StatusOr<std::vector<int>> ParseVisibleChips(
+    absl::string_view text, const ParseContext& context) {
+  std::vector<int> chips;
+  if (text.empty()) return chips;
+  const int host_chips = context.resolved.host_chip_count();
+  for (absl::string_view entry : absl::StrSplit(text, ',')) {
+    const absl::StatusOr<uint64_t> chip = ParseDecimal(entry, "chip", 0, 1023);
+    if (!chip.ok()) {
+      return InvalidValueError(
+          context.name, text,
+          absl::StrCat("is not a comma list of chip indices (\"", entry,
+                       "\" is not a decimal number), e.g. 0,1"));
+    }
+    if (!context.standalone && *chip >= static_cast<uint64_t>(host_chips)) {
+      return InvalidValueError(
+          context.name, text,
+          absl::StrCat("names chip ", *chip, ", but the host has chips 0..",
+                       host_chips - 1, " (TPUSHIM_DEVICE=",
+                       context.resolved.device.value.text, ")"));
+    }
+    if (std::find(chips.begin(), chips.end(), static_cast<int>(*chip)) !=
+        chips.end()) {
+      return InvalidValueError(context.name, text,
+                               absl::StrCat("names chip ", *chip, " twice"));
+    }
+    chips.push_back(static_cast<int>(*chip));
+  }
+  return chips;
+}
+
+std::string FormatChipList(const std::vector<int>& chips) {
+  return absl::StrJoin(chips, ",");
+}
+
+// "x,y,z" of positive integers; "" = not given.
+absl::StatusOr<std::vector<int>> ParseBoundsText(absl::string_view text,
+                                                 const ParseContext& context) {
+  std::vector<int> bounds;
+  if (text.empty()) return bounds;
+  const std::vector<absl::string_view> parts = absl::StrSplit(text, ',');
+  for (absl::string_view part : parts) {
+    const absl::StatusOr<uint64_t> v = ParseDecimal(part, "bound", 1, 1024);
+    if (parts.size() != 3 || !v.ok()) {
+      return InvalidValueError(
+          context.name, text,
+          "is not three positive integers x,y,z (each 1..1024), e.g. 2,2,1");
+    }
+    bounds.push_back(static_cast<int>(*v));
+  }
+  return bounds;
+}
+
+absl::StatusOr<std::vector<int>> ParseProcessBounds(
+    absl::string_view text, const ParseContext& context) {
+  return ParseBoundsText(text, context);
+}
+
+// The chips-per-process bounds: their product is the number of chips the
+// process uses (TPU_VISIBLE_CHIPS, resolved before them).
+absl::StatusOr<std::vector<int>> ParseChipsPerProcessBounds(
+    absl::string_view text, const ParseContext& context) {
+  TPUSHIM_ASSIGN_OR_RETURN(std::vector<int> bounds,
+                           ParseBoundsText(text, context));
+  if (bounds.empty() || context.standalone) return bounds;
+  const int product = bounds[0] * bounds[1] * bounds[2];
+  const int chips = static_cast<int>(context.resolved.ProcessChips().size());
+  if (product != chips) {
+    const Option<std::vector<int>>& visible = context.resolved.visible_chips;
+    return InvalidValueError(
+        context.name, text,
+        absl::StrCat("has ", product, " chips (", bounds[0], "x", bounds[1],
+                     "x", bounds[2], "), but this process uses ", chips,
+                     " chip", chips == 1 ? "" : "s",
+                     visible.value.empty()
+                         ? absl::StrCat(" (every chip of TPUSHIM_DEVICE=",
+                                        context.resolved.device.value.text, ")")
+                         : absl::StrCat(" (TPU_VISIBLE_CHIPS=",
+                                        FormatChipList(visible.value), ")")));
+  }
+  return bounds;
+}
+
+absl::StatusOr<std::string> ParseRunDir(absl::string_view text,
+                                        const ParseContext& context) {
+  if (text.empty() || text[0] != '/') {
+    return InvalidValueError(context.name, text,
+                             "is not an absolute directory path");
+  }
+  return std::string(text);
+}
+
 std::string FormatDevice(const DeviceUrl& url) { return url.text; }
 std::string FormatFaults(const FaultSpec& spec) { return spec.text; }
 
@@ -318,10 +414,36 @@ constexpr std::tuple kSettings{
     Setting{"TPUSHIM_MEMORY_PROFILE", "", "memory_profile",
             &Options::memory_profile, &OptionOverrides::memory_profile,
             ParseString, FormatString},
+    Setting{"TPU_VISIBLE_CHIPS", "", "visible_chips", &Options::visible_chips,
+            &OptionOverrides::visible_chips, ParseVisibleChips, FormatChipList},
+    Setting{"TPU_CHIPS_PER_PROCESS_BOUNDS", "", "chips_per_process_bounds",
+            &Options::chips_per_process_bounds,
+            &OptionOverrides::chips_per_process_bounds,
+            ParseChipsPerProcessBounds, FormatChipList},
+    Setting{"TPU_PROCESS_BOUNDS", "", "process_bounds",
+            &Options::process_bounds, &OptionOverrides::process_bounds,
+            ParseProcessBounds, FormatChipList},
     Setting{"TPUSHIM_DUMP_ON_OOM", "", "dump_on_oom", &Options::dump_on_oom,
             &OptionOverrides::dump_on_oom, ParseWord<kDumpOnOomWords>,
             FormatWord<kDumpOnOomWords>},
+    Setting{"TPUSHIM_RUN_DIR", "", "run_dir", &Options::run_dir,
+            &OptionOverrides::run_dir, ParseRunDir, FormatString},
 };
+
+// Variables that mean the same as a setting's own; both set to different
+// text is an error.
+constexpr std::pair<absl::string_view, absl::string_view> kAliases[] = {
+    {"TPU_VISIBLE_CHIPS", "TPU_VISIBLE_DEVICES"},
+    {"TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_CHIPS_PER_HOST_BOUNDS"},
+    {"TPU_PROCESS_BOUNDS", "TPU_HOST_BOUNDS"},
+};
+
+absl::string_view AliasOf(absl::string_view variable) {
+  for (const auto& [name, alias] : kAliases) {
+    if (name == variable) return alias;
+  }
+  return "";
+}
 
 // Calls `f` on each setting in table order until one returns an error,
 // which it returns.
@@ -402,10 +524,26 @@ absl::Status Resolve(const Setting<T, A>& setting, const Inputs& inputs,
     std::string text;
   };
   std::vector<Given> given;
-  if (std::optional<std::string> env =
-          inputs.os.GetEnv(std::string(setting.variable))) {
-    given.push_back(
-        {OptionSource::kEnv, std::string(setting.variable), *std::move(env)});
+  std::optional<std::string> env =
+      inputs.os.GetEnv(std::string(setting.variable));
+  std::string env_name(setting.variable);
+  if (const absl::string_view alias = AliasOf(setting.variable);
+      !alias.empty()) {
+    if (std::optional<std::string> other =
+            inputs.os.GetEnv(std::string(alias))) {
+      if (env.has_value() && *env != *other) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            setting.variable, "=\"", *env, "\" and ", alias, "=\"", *other,
+            "\" are both set and differ; they mean the same, set one"));
+      }
+      if (!env.has_value()) {
+        env = std::move(other);
+        env_name = std::string(alias);
+      }
+    }
+  }
+  if (env.has_value()) {
+    given.push_back({OptionSource::kEnv, std::move(env_name), *std::move(env)});
   }
   if (const auto flag = inputs.flags.find(setting.flag);
       flag != inputs.flags.end()) {
@@ -425,7 +563,8 @@ absl::Status Resolve(const Setting<T, A>& setting, const Inputs& inputs,
     TPUSHIM_ASSIGN_OR_RETURN(
         option.value,
         setting.parse(value.text,
-                      ParseContext{std::move(value.name), options, &warnings}));
+                      ParseContext{std::move(value.name), options, &warnings,
+                                   /*standalone=*/false}));
     option.source = value.source;
     option.raw =
         value.source == OptionSource::kApi ? "" : std::move(value.text);
@@ -500,6 +639,18 @@ std::vector<VmoduleEntry> ParseVmodule(absl::string_view text,
   return entries;
 }
 
+int Options::host_chip_count() const {
+  return device.value.scheme == DeviceUrl::Scheme::kSim ? device.value.devices
+                                                        : 1;
+}
+
+std::vector<int> Options::ProcessChips() const {
+  if (!visible_chips.value.empty()) return visible_chips.value;
+  std::vector<int> chips(host_chip_count());
+  for (int i = 0; i < host_chip_count(); ++i) chips[i] = i;
+  return chips;
+}
+
 int Options::EffectivePrefaultThreads(int online_cpus) const {
   if (prefault_threads.value > 0) return prefault_threads.value;
   return std::clamp(online_cpus, 1, kMaxDefaultPrefaultThreads);
@@ -511,6 +662,7 @@ int Options::EffectivePrefaultThreads(int online_cpus) const {
 // libtpu and cloud images set TPU_* variables of their own.
 void WarnAboutMisspelledVariables(Os& os, std::vector<std::string>& warnings) {
   std::vector<std::string> known = {std::string(kInitArgsVariable)};
+  for (const auto& [name, alias] : kAliases) known.emplace_back(alias);
   (void)ForEachSetting([&](const auto& setting) {
     known.emplace_back(setting.variable);
     return absl::OkStatus();
@@ -566,8 +718,9 @@ absl::Status SetOptionOverride(OptionOverrides& overrides,
     std::vector<std::string> warnings;  // ResolveOptions reports them
     TPUSHIM_ASSIGN_OR_RETURN(
         auto value,
-        setting.parse(text, ParseContext{std::string(setting.variable),
-                                         resolved, &warnings}));
+        setting.parse(text,
+                      ParseContext{std::string(setting.variable), resolved,
+                                   &warnings, /*standalone=*/true}));
     auto& field = overrides.*setting.api;
     using ApiType = typename std::remove_cvref_t<decltype(field)>::value_type;
     if constexpr (std::is_same_v<ApiType, decltype(value)>) {

@@ -82,6 +82,9 @@ inline constexpr uint64_t kPremappedSizeMultiple = 4096;
 // through it instead of pinning the caller's pages per call.
 inline constexpr uint64_t kBouncePoolBytes = uint64_t{4} << 20;
 inline constexpr uint64_t kBounceMaxBytes = uint64_t{1} << 20;
+// TPUSHIM_RUN_DIR's default: host-wide, so that every process (of every
+// user) meets the others' chip locks there.
+inline constexpr std::string_view kDefaultRunDirectory = "/tmp/tpushim-run";
 
 struct Options {
   // TPU_PREMAPPED_BUFFER_SIZE: bytes, 0 = no region, else a multiple of
@@ -126,6 +129,18 @@ struct Options {
   Option<bool> dump_on_oom{false};
   // TPUSHIM_MEMORY_PROFILE: empty = no profile.
   Option<std::string> memory_profile;
+  // TPU_VISIBLE_CHIPS (alias TPU_VISIBLE_DEVICES): distinct host chip
+  // indices, each below host_chip_count(); empty = every chip of the host.
+  Option<std::vector<int>> visible_chips;
+  // TPU_CHIPS_PER_PROCESS_BOUNDS (alias TPU_CHIPS_PER_HOST_BOUNDS): empty,
+  // or three positive integers whose product is the number of chips this
+  // process uses.
+  Option<std::vector<int>> chips_per_process_bounds;
+  // TPU_PROCESS_BOUNDS (alias TPU_HOST_BOUNDS): empty, or three positive
+  // integers (recorded and shown; tpushim runs one host).
+  Option<std::vector<int>> process_bounds;
+  // TPUSHIM_RUN_DIR: where the chips' lock files live (env/chips.h).
+  Option<std::string> run_dir{std::string(kDefaultRunDirectory)};
 
   // WARNINGs produced while resolving (threshold clamped, malformed
   // TPU_VMODULE entries), to be logged once logging is up.
@@ -137,6 +152,12 @@ struct Options {
   bool log_files_disabled() const { return log_dir.value == "disabled"; }
   // TPUSHIM_PREFAULT_THREADS resolved against the online CPU count.
   int EffectivePrefaultThreads(int online_cpus) const;
+  // The chips of the host the device URL names: sim://'s devices=N, one
+  // for a vfio:// function.
+  int host_chip_count() const;
+  // The host chips this process uses, in device order: visible_chips, or
+  // 0 .. host_chip_count()-1 when it is empty.
+  std::vector<int> ProcessChips() const;
 };
 
 // OptionOverrides (values given through the API) is declared in the
@@ -156,6 +177,13 @@ struct Options {
 // one that a higher-precedence source overrides: a malformed
 // TPU_PREMAPPED_BUFFER_SIZE is an error even when the API sets the size.
 // Only the winning value's warnings are kept.
+//
+// Three settings have a second variable that means the same
+// (TPU_VISIBLE_DEVICES for TPU_VISIBLE_CHIPS, TPU_CHIPS_PER_HOST_BOUNDS for
+// TPU_CHIPS_PER_PROCESS_BOUNDS, TPU_HOST_BOUNDS for TPU_PROCESS_BOUNDS):
+// either may be set; both set to different text is INVALID_ARGUMENT naming
+// both. Visible chips are checked against the host's chips (duplicates,
+// out of range) and the chips-per-process bounds against their number.
 //
 // Errors: INVALID_ARGUMENT whose message names the variable (or
 // `LIBTPU_INIT_ARGS flag --<flag>`, or `API option <field>`) and the

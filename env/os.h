@@ -46,6 +46,7 @@ struct FileInfo {
   uid_t owner = 0;
   mode_t mode = 0;  // permission bits and sticky bit (st_mode & 07777)
   uint64_t size = 0;
+  absl::Time modified = absl::UnixEpoch();  // st_mtim
 };
 
 // A getrlimit() pair. `kUnlimited` stands for RLIM_INFINITY.
@@ -196,6 +197,29 @@ class Os {
   // readlink(2): the target of the symbolic link `path`.
   virtual absl::StatusOr<std::string> ReadLink(const std::string& path) = 0;
 
+  // chmod(2).
+  virtual absl::Status ChangeMode(const std::string& path, mode_t mode) = 0;
+
+  // ---- Chip lock files ---------------------------------------------------
+
+  // Opens a chip's lock file: with `create`, open(O_RDWR|O_CREAT|
+  // O_NOFOLLOW|O_CLOEXEC) and, when this call created it, mode 0666
+  // whatever the umask (processes of every user lock it); without,
+  // open(O_RDONLY|O_NOFOLLOW|O_CLOEXEC) (NOT_FOUND when it does not
+  // exist). No fault point covers it. The caller owns the descriptor and
+  // must Close() it.
+  virtual absl::StatusOr<int> OpenLockFile(const std::string& path,
+                                           bool create) = 0;
+  // Takes an exclusive open file description lock on the whole file
+  // (fcntl F_OFD_SETLK, F_WRLCK) without waiting: true when taken, false
+  // when another open file description holds one. The kernel drops it
+  // when the last descriptor of the description is closed, so also when
+  // its process exits or is killed.
+  virtual absl::StatusOr<bool> TryLockFile(int fd) = 0;
+  // Whether another open file description holds a lock on the file
+  // (F_OFD_GETLK); takes nothing.
+  virtual absl::StatusOr<bool> FileLockedByOther(int fd) = 0;
+
   // ---- Devices (VFIO) ----------------------------------------------------
 
   // open(2) of a device node such as /dev/vfio/12, with O_CLOEXEC added.
@@ -344,6 +368,19 @@ class OsWrapper : public Os {
   absl::StatusOr<std::string> ReadLink(const std::string& path) override {
     return target_->ReadLink(path);
   }
+  absl::Status ChangeMode(const std::string& path, mode_t mode) override {
+    return target_->ChangeMode(path, mode);
+  }
+  absl::StatusOr<int> OpenLockFile(const std::string& path,
+                                   bool create) override {
+    return target_->OpenLockFile(path, create);
+  }
+  absl::StatusOr<bool> TryLockFile(int fd) override {
+    return target_->TryLockFile(fd);
+  }
+  absl::StatusOr<bool> FileLockedByOther(int fd) override {
+    return target_->FileLockedByOther(fd);
+  }
   absl::StatusOr<int> OpenDevice(const std::string& path, int flags) override {
     return target_->OpenDevice(path, flags);
   }
@@ -380,7 +417,10 @@ class OsWrapper : public Os {
 // Forwards every call to `target` except GetEnv and EnvironmentNames,
 // which answer from `env` alone (empty: no variable is set): for tools and
 // tests whose outcome must not depend on the environment of whoever runs
-// them.
+// them. The one exception is TPUSHIM_RUN_DIR, which `target` answers when
+// `env` does not name it: it says where the processes of a host meet, not
+// how this one behaves, and test processes running side by side each keep
+// their own (tests/testing/private_run_dir.cc).
 class FixedEnvironmentOs : public OsWrapper {
  public:
   explicit FixedEnvironmentOs(Os* target,
@@ -389,7 +429,10 @@ class FixedEnvironmentOs : public OsWrapper {
 
   std::optional<std::string> GetEnv(const std::string& name) override {
     const auto it = env_.find(name);
-    if (it == env_.end()) return std::nullopt;
+    if (it == env_.end()) {
+      if (name == "TPUSHIM_RUN_DIR") return OsWrapper::GetEnv(name);
+      return std::nullopt;
+    }
     return it->second;
   }
   std::vector<std::string> EnvironmentNames() override {

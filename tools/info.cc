@@ -12,9 +12,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/strings/string_view.h"
 #include "common/human_bytes.h"
 #include "device/vfio/host_use.h"
+#include "env/chips.h"
 #include "env/host_facts.h"
 #include "env/options.h"
 #include "logging/log_directory.h"
@@ -32,10 +34,12 @@ constexpr char kInfoDescription[] =
 constexpr char kInfoFooter[] = R"footer(
 Prints every setting with its resolved value and where it came from
 (LIBTPU_INIT_ARGS flags, then environment variables, then defaults), the
-host facts that decide whether the premapped region can be mapped and
-pinned (memory, cgroup limit, memlock limit, huge pages, NUMA, CPUs), and
-the checks of one against the other. Nothing is allocated, pinned or
-logged.
+every chip of the host with the process holding it (pid, user, command
+line, since when) or "free", and which of them this process would use
+(TPU_VISIBLE_CHIPS), the host facts that decide whether the premapped
+region can be mapped and pinned (memory, cgroup limit, memlock limit, huge
+pages, NUMA, CPUs), and the checks of one against the other. Nothing is
+allocated, pinned, locked or logged.
 
 Exit status: 0 whenever the configuration is valid, even when the checks
 report WARNING or ERROR clashes (info only informs); 2 for an invalid
@@ -46,6 +50,8 @@ Examples:
   TPU_PREMAPPED_BUFFER_SIZE=17179869184 tpushim info
   LIBTPU_INIT_ARGS=--tpu_premapped_buffer_size=8589934592 tpushim info
   tpushim info --json | jq .host.memlock
+  tpushim info --json | jq '.chips.chips[] | select(.state == "free") | .chip'
+  TPUSHIM_DEVICE='sim://?devices=4' TPU_VISIBLE_CHIPS=2,3 tpushim info
   tpushim info --json | jq -r '.checks[] | "\(.level): \(.message)"')footer";
 
 // The byte-valued settings, by variable name, with their resolved values.
@@ -137,6 +143,13 @@ void PrintHost(const HostFacts& facts, std::ostream& out) {
          absl::StrCat("total ", BytesWithHumanReadable(node.total_bytes),
                       ", free ", BytesWithHumanReadable(node.free_bytes))});
   }
+  table.AddRow(
+      {"other tpushim processes",
+       facts.other_tpushim.empty()
+           ? "none"
+           : absl::StrCat(absl::StrJoin(facts.other_tpushim, ", "), " (",
+                          HumanReadableBytes(facts.other_tpushim_pending_bytes),
+                          " still to be pinned)")});
   table.AddRow({"online CPUs", absl::StrCat(facts.online_cpus)});
   table.AddRow({"page size", BytesWithHumanReadable(facts.page_size)});
   table.Print(out);
@@ -212,6 +225,104 @@ void PrintChecks(const std::vector<HostClash>& clashes, std::ostream& out) {
   }
 }
 
+// Every chip of the host with its holder, and this process's devices.
+struct ChipsView {
+  std::vector<ChipState> chips;
+  std::vector<std::string> process_chips;  // chip key of device 0, 1, ...
+  std::optional<absl::Duration> libtpu_lockfile_age;
+  absl::Time now;
+  std::string error;  // why the holders could not be read, "" when they were
+};
+
+ChipsView ReadChips(const Options& options, Os& os) {
+  ChipsView view;
+  view.now = os.Now();
+  for (const HostChip& chip : ProcessHostChips(options)) {
+    view.process_chips.push_back(chip.key);
+  }
+  view.libtpu_lockfile_age = LibtpuLockfileAge(os);
+  absl::StatusOr<std::vector<ChipState>> chips =
+      QueryChips(os, options.run_dir.value, HostChips(options));
+  if (chips.ok()) {
+    view.chips = *std::move(chips);
+  } else {
+    view.error = chips.status().ToString();
+  }
+  return view;
+}
+
+std::string DeviceOfChip(const ChipsView& view, const ChipState& chip) {
+  for (size_t d = 0; d < view.process_chips.size(); ++d) {
+    if (view.process_chips[d] == chip.chip.key) return absl::StrCat(d);
+  }
+  return "";
+}
+
+std::string HolderText(const ChipsView& view, const ChipState& chip) {
+  if (!chip.held) return "free";
+  if (!chip.holder.has_value()) return "held (holder record not written yet)";
+  return chip.holder->Describe(view.now);
+}
+
+void PrintChips(const Options& options, const ChipsView& view,
+                std::ostream& out) {
+  out << "\nChips (lock files in " << options.run_dir.value << ")\n";
+  if (!view.error.empty()) {
+    out << "  cannot read the holders: " << view.error << "\n";
+  }
+  TextTable table({"CHIP", "NAME", "THIS PROCESS", "HOLDER"});
+  for (const ChipState& chip : view.chips) {
+    const std::string device = DeviceOfChip(view, chip);
+    table.AddRow({absl::StrCat(chip.chip.index), chip.chip.name,
+                  device.empty() ? "-" : absl::StrCat("device ", device),
+                  HolderText(view, chip)});
+  }
+  table.Print(out);
+  if (view.libtpu_lockfile_age.has_value()) {
+    out << "  " << kLibtpuLockfile << " exists (last written "
+        << absl::FormatDuration(
+               absl::Seconds(absl::ToInt64Seconds(*view.libtpu_lockfile_age)))
+        << " ago); tpushim ignores it: the chip locks above are the "
+           "kernel's and end with their holders\n";
+  }
+}
+
+Json ChipsJson(const Options& options, const ChipsView& view) {
+  Json chips = Json::array();
+  for (const ChipState& chip : view.chips) {
+    Json holder = nullptr;
+    if (chip.held && chip.holder.has_value()) {
+      holder = {
+          {"pid", chip.holder->pid},
+          {"user", chip.holder->user},
+          {"command_line", chip.holder->command_line},
+          {"since", absl::FormatTime(absl::RFC3339_sec, chip.holder->since,
+                                     absl::UTCTimeZone())},
+          {"held_seconds",
+           absl::ToInt64Seconds(view.now - chip.holder->since)}};
+    }
+    const std::string device = DeviceOfChip(view, chip);
+    chips.push_back(
+        {{"chip", chip.chip.index},
+         {"name", chip.chip.name},
+         {"lock_file", chip.lock_file},
+         {"state", chip.held ? "held" : "free"},
+         {"holder", holder},
+         {"device", device.empty() ? Json(nullptr) : Json(std::stoi(device))}});
+  }
+  Json lockfile = nullptr;
+  if (view.libtpu_lockfile_age.has_value()) {
+    lockfile = {
+        {"path", kLibtpuLockfile},
+        {"age_seconds", absl::ToInt64Seconds(*view.libtpu_lockfile_age)},
+        {"honoured", false}};
+  }
+  return {{"run_dir", options.run_dir.value},
+          {"chips", chips},
+          {"error", view.error.empty() ? Json(nullptr) : Json(view.error)},
+          {"libtpu_lockfile", lockfile}};
+}
+
 // ---- JSON output -----------------------------------------------------------
 
 Json ConfigJson(const Options& options) {
@@ -256,6 +367,9 @@ Json HostJson(const HostFacts& facts) {
       {"thp", {{"enabled", facts.thp_enabled}, {"defrag", facts.thp_defrag}}},
       {"hugepage_pools", pools},
       {"numa_nodes", nodes},
+      {"other_tpushim",
+       {{"processes", facts.other_tpushim},
+        {"pending_pin_bytes", facts.other_tpushim_pending_bytes}}},
       {"online_cpus", facts.online_cpus},
       {"page_size", facts.page_size},
   };
@@ -343,6 +457,7 @@ void RunInfo(bool json, CommandContext& context) {
                 kExitFailure, context);
     return;
   }
+  AddOtherTpushimProcesses(*context.os, options->run_dir.value, *facts);
   std::vector<HostClash> clashes = CheckOptionsAgainstHost(*options, *facts);
   if (std::optional<HostClash> logs =
           LogDirectoryClash(*options, *context.os)) {
@@ -352,16 +467,19 @@ void RunInfo(bool json, CommandContext& context) {
           VfioDeviceClash(*options, *context.os)) {
     clashes.push_back(*std::move(device));
   }
+  const ChipsView chips = ReadChips(*options, *context.os);
   std::ostream& out = *context.out;
   if (json) {
     WriteJson({{"config", ConfigJson(*options)},
                {"warnings", options->warnings},
+               {"chips", ChipsJson(*options, chips)},
                {"pinned", PinnedJson(*options)},
                {"host", HostJson(*facts)},
                {"checks", ChecksJson(clashes)}},
               out);
   } else {
     PrintConfiguration(*options, out);
+    PrintChips(*options, chips, out);
     PrintPinned(*options, out);
     PrintHost(*facts, out);
     PrintChecks(clashes, out);
@@ -377,8 +495,8 @@ void RegisterInfoCommand(CLI::App& app, CommandContext& context) {
   // Owned by the callback, which CLI11 keeps as long as `app`.
   auto json = std::make_shared<bool>(false);
   info->add_flag("--json", *json,
-                 "Print one JSON object (config, warnings, pinned, host, "
-                 "checks) "
+                 "Print one JSON object (config, warnings, chips, pinned, "
+                 "host, checks) "
                  "instead of tables");
   info->callback([json, &context] { RunInfo(*json, context); });
 }

@@ -30,6 +30,7 @@
 #include "tools/flags.h"
 #include "tools/interrupt.h"
 #include "tools/stress_internal.h"
+#include "tools/stress_processes.h"
 #include "tools/stress_record.h"
 #include "tools/stress_report.h"
 #include "tools/stress_shrink.h"
@@ -121,6 +122,15 @@ other, and replays it once more to check that it reproduces the violation.
 Exit 0 when it does; 1 when it does not, when the record replays without
 a violation (nothing to shrink) or SMALL cannot be written.
 
+Many processes: --processes N runs N such stress processes at once on one
+simulated host of N chips (sim://?devices=N), process i on host chip i
+(TPU_VISIBLE_CHIPS=i), each for --seconds (default 3) with --threads
+threads, and kills --kills of them (default half) with SIGKILL at random
+moments. A killed process's chip must be free again within 100 ms, the
+others must end without an error or violation, and no chip may stay held.
+It prints each process's outcome and how long each killed chip took to be
+free. Exit 1 when any of that fails.
+
 Exit status: 0 when no invariant was violated (expected failures included);
 1 on any violation, or when the runtime cannot start; 2 for a bad command
 line or invalid configuration.
@@ -134,7 +144,8 @@ Examples:
   tpushim stress --ops 20000 --record run.jsonl    # then, after a violation:
   tpushim stress --replay run.jsonl                # the same calls, in order
   tpushim stress --replay run.jsonl --shrink run.small.jsonl   # fewest ops
-  tpushim stress --ops 5000 --json | jq '.by_code, .violations')footer";
+  tpushim stress --ops 5000 --json | jq '.by_code, .violations'
+  tpushim stress --processes 4 --seconds 2 --seed 1   # 4 processes, 2 killed)footer";
 
 // ---- The command -----------------------------------------------------------
 
@@ -934,12 +945,40 @@ void RegisterStress(CLI::App& app, CommandContext& context) {
                  {.unit = "seconds", .min = 0, .max = 7.0 * 24 * 3600},
                  "Time budget of --shrink")
       ->needs(shrink);
-  stress->callback([flags, seconds, seed, faults, &context] {
-    flags->seconds_given = seconds->count() > 0;
-    flags->seed_given = seed->count() > 0;
-    flags->faults_given = faults->count() > 0;
-    RunStress(*flags, context);
-  });
+  auto processes = std::make_shared<StressProcessesFlags>();
+  CLI::Option* processes_flag = AddWholeFlag(
+      stress, "--processes", &processes->processes,
+      {.unit = "processes", .min = 1, .max = 64},
+      "Run N stress processes at once, process i on host chip i of "
+      "sim://?devices=N (TPU_VISIBLE_CHIPS), killing some with SIGKILL; "
+      "checks that a killed process's chip is free within 100 ms and that "
+      "the others see no error");
+  AddWholeFlag(stress, "--kills", &processes->kills,
+               {.unit = "processes", .min = 0, .max = 64},
+               "With --processes: how many to kill (default: half)")
+      ->needs(processes_flag);
+  for (CLI::Option* single_process : {ops, replay, record, faults, shrink}) {
+    processes_flag->excludes(single_process);
+  }
+  processes_flag->excludes(csv);
+  stress->callback(
+      [flags, processes, processes_flag, seconds, seed, faults, &context] {
+        flags->seconds_given = seconds->count() > 0;
+        flags->seed_given = seed->count() > 0;
+        flags->faults_given = faults->count() > 0;
+        if (processes_flag->count() > 0) {
+          processes->seconds = flags->seconds_given ? flags->seconds : 3;
+          processes->threads = flags->threads;
+          processes->seed =
+              flags->seed_given
+                  ? flags->seed
+                  : static_cast<uint64_t>(absl::ToUnixNanos(absl::Now()));
+          processes->json = flags->json;
+          RunStressProcesses(*processes, context);
+          return;
+        }
+        RunStress(*flags, context);
+      });
 }
 
 }  // namespace

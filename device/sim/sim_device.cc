@@ -533,7 +533,7 @@ void SimDevice::Shutdown() {
 
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
     const DeviceUrl& url, Os* os, FaultInjector* faults,
-    SimDeviceOptions options) {
+    SimDeviceOptions options, std::vector<int> host_chips) {
   if (url.scheme != DeviceUrl::Scheme::kSim) {
     return absl::InvalidArgumentError(
         absl::StrCat("CreateSimDevices: \"", url.text, "\" is not sim://"));
@@ -544,6 +544,10 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
         absl::StrCat("simulated device ring of ", options.ring_entries,
                      " entries: must be a power of two in [1, 65536]"));
   }
+  if (host_chips.empty()) {
+    for (int i = 0; i < url.devices; ++i) host_chips.push_back(i);
+  }
+  const int count = static_cast<int>(host_chips.size());
   std::vector<SimCluster::Hbm> hbm;
   auto unmap_all = [&] {
     for (const SimCluster::Hbm& h : hbm) {
@@ -551,7 +555,7 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
       (void)os->Munmap(h.base, h.size);
     }
   };
-  for (int i = 0; i < url.devices; ++i) {
+  for (int i = 0; i < count; ++i) {
     absl::StatusOr<void*> p =
         os->Mmap(nullptr, url.hbm_bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
@@ -578,10 +582,14 @@ absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
   auto cluster = std::make_shared<SimCluster>(os, std::move(hbm));
   const int node = os->NumaNodeOfCurrentCpu();
   std::vector<std::unique_ptr<Device>> devices;
-  for (int i = 0; i < url.devices; ++i) {
+  for (int i = 0; i < count; ++i) {
     DeviceInfo info;
     info.id = i;
-    info.name = absl::StrCat("sim:", i);
+    // The host chip is named where it differs from the device number.
+    info.name = host_chips[i] == i ? absl::StrCat("sim:", i)
+                                   : absl::StrCat("sim:", i, " (host chip ",
+                                                  host_chips[i], ")");
+    info.host_chip = host_chips[i];
     info.backend = "sim";
     info.hbm_bytes = url.hbm_bytes;
     info.dma_engines = url.dma_engines;

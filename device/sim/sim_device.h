@@ -59,9 +59,11 @@ struct SimDeviceOptions {
 // Creates the `url.devices` devices of a sim:// URL; they share one
 // cluster (device-to-device copies reach any of them). `os` and `faults`
 // (nullable) must outlive the devices. On error nothing stays mapped.
+// `host_chips` picks the chips of the URL's host to create, in device
+// order (each below `url.devices`); empty = every chip.
 absl::StatusOr<std::vector<std::unique_ptr<Device>>> CreateSimDevices(
     const DeviceUrl& url, Os* os, FaultInjector* faults,
-    SimDeviceOptions options = {});
+    SimDeviceOptions options = {}, std::vector<int> host_chips = {});
 
 }  // namespace tpushim
 

@@ -21,6 +21,7 @@
 #include "common/human_bytes.h"
 #include "common/status_macros.h"
 #include "device/vfio/host_use.h"
+#include "env/chips.h"
 #include "logging/log.h"
 
 namespace tpushim {
@@ -196,11 +197,17 @@ absl::Status VfioDevice::Setup(const Options& options) {
           " (a udev rule makes it stick; see docs/vfio.md)");
     } else if (group.status().code() == absl::StatusCode::kUnavailable ||
                absl::StrContains(why, "busy")) {
-      why = absl::StrCat(why,
-                         "; the group is open elsewhere: in another process "
-                         "(a VM, another tpushim) or in another tpushim "
-                         "System of this one (a vfio:// device serves one "
-                         "System at a time)");
+      const std::vector<std::string> holders =
+          ProcessesHolding(*os_, group_path);
+      why = absl::StrCat(
+          why, "; the group is open elsewhere",
+          holders.empty()
+              ? absl::StrCat(": by another process this user cannot see "
+                             "(`sudo fuser -v ",
+                             group_path, "` names it: a VM, another tpushim)")
+              : absl::StrCat(" by ", absl::StrJoin(holders, ", ")),
+          ", or in another tpushim System of this process (a vfio:// "
+          "device serves one System at a time)");
     }
     return absl::Status(group.status().code(),
                         absl::StrCat("cannot open IOMMU group ", group_number_,

@@ -38,9 +38,17 @@ std::array<Range, kMaxRanges> g_ranges;
 std::atomic<pid_t> g_pid{0};
 std::once_flag g_install_once;
 
+// Descriptors closed in children, each stored as fd + 1 (0 = free slot).
+constexpr size_t kMaxChildCloses = 256;
+std::array<std::atomic<int>, kMaxChildCloses> g_child_closes;
+
 // In the child, before fork() returns there; only system calls.
 void OnForkChild() {
   g_pid.store(static_cast<pid_t>(getpid()), std::memory_order_relaxed);
+  for (std::atomic<int>& slot : g_child_closes) {
+    const int fd = slot.exchange(0, std::memory_order_acq_rel) - 1;
+    if (fd >= 0) close(fd);
+  }
   for (Range& r : g_ranges) {
     const uintptr_t start = r.start.load(std::memory_order_acquire);
     if (start <= kClaimed) continue;
@@ -59,6 +67,26 @@ void OnForkChild() {
 }
 
 }  // namespace
+
+void CloseInForkChild(int fd) {
+  (void)CurrentProcessId();  // the child handler is installed from here on
+  for (std::atomic<int>& slot : g_child_closes) {
+    int expected = 0;
+    if (slot.compare_exchange_strong(expected, fd + 1,
+                                     std::memory_order_acq_rel)) {
+      return;
+    }
+  }
+}
+
+void ForgetCloseInForkChild(int fd) {
+  for (std::atomic<int>& slot : g_child_closes) {
+    int expected = fd + 1;
+    if (slot.compare_exchange_strong(expected, 0, std::memory_order_acq_rel)) {
+      return;
+    }
+  }
+}
 
 pid_t CurrentProcessId() {
   pid_t pid = g_pid.load(std::memory_order_relaxed);

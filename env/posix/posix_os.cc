@@ -62,6 +62,7 @@ FileInfo ToFileInfo(const struct stat& st) {
   info.owner = st.st_uid;
   info.mode = st.st_mode & 07777;
   info.size = static_cast<uint64_t>(st.st_size);
+  info.modified = absl::TimeFromTimespec(st.st_mtim);
   return info;
 }
 
@@ -449,6 +450,55 @@ class PosixOs final : public Os {
       return ErrnoStatus(errno, absl::StrCat("mkdir(", path, ")"));
     }
     return absl::OkStatus();
+  }
+
+  absl::Status ChangeMode(const std::string& path, mode_t mode) override {
+    if (chmod(path.c_str(), mode) != 0) {
+      return ErrnoStatus(errno, absl::StrCat("chmod(", path, ")"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<int> OpenLockFile(const std::string& path,
+                                   bool create) override {
+    if (!create) {
+      const int fd = open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_CLOEXEC);
+      if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+      return fd;
+    }
+    // O_EXCL first, to know whether this call made the file (and may give
+    // it to every user).
+    int fd = open(path.c_str(),
+                  O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0666);
+    if (fd >= 0) {
+      (void)fchmod(fd, 0666);
+      return fd;
+    }
+    if (errno != EEXIST) {
+      return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+    }
+    fd = open(path.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) return ErrnoStatus(errno, absl::StrCat("open(", path, ")"));
+    return fd;
+  }
+
+  absl::StatusOr<bool> TryLockFile(int fd) override {
+    struct flock lock = {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    if (fcntl(fd, F_OFD_SETLK, &lock) == 0) return true;
+    if (errno == EAGAIN || errno == EACCES) return false;
+    return ErrnoStatus(errno, "fcntl(F_OFD_SETLK)");
+  }
+
+  absl::StatusOr<bool> FileLockedByOther(int fd) override {
+    struct flock lock = {};
+    lock.l_type = F_WRLCK;
+    lock.l_whence = SEEK_SET;
+    if (fcntl(fd, F_OFD_GETLK, &lock) != 0) {
+      return ErrnoStatus(errno, "fcntl(F_OFD_GETLK)");
+    }
+    return lock.l_type != F_UNLCK;
   }
 
   absl::StatusOr<int> CreateOutputFile(const std::string& path) override {

@@ -1039,6 +1039,42 @@ typedef struct TpuShim_HostMemory_Unregister_Args {
   TPUSHIM_STRUCT_SIZE(TpuShim_HostMemory_Unregister_Args, registration)
 typedef TpuShim_Error* TpuShim_HostMemory_Unregister_Fn(
     TpuShim_HostMemory_Unregister_Args* args);
+/* ---- Chips (1.4) */
+
+/* One chip of the host (see tpushim/chips.h). Array element: its layout is
+ * fixed for the whole major version. Strings are NUL-terminated, cut to
+ * their arrays. */
+typedef struct TpuShim_ChipInfo {
+  int32_t host_chip;      /* the host's index (0 for a vfio:// function) */
+  int32_t held;           /* 1 when a System holds it, else 0 */
+  int64_t pid;            /* the holder's pid; 0 when free or unrecorded */
+  int64_t since_unix_us;  /* since when it holds the chip; 0 likewise */
+  char name[64];          /* "sim chip 2" */
+  char user[64];          /* the holder's user; "" likewise */
+  char command_line[512]; /* the holder's arguments joined by spaces */
+} TpuShim_ChipInfo;
+
+/* Every chip of the host that TPUSHIM_DEVICE names (then any other chip
+ * held in the same run directory, TPUSHIM_RUN_DIR), with its holder or
+ * free, resolved from `options` as System_Create resolves them. Takes no
+ * chip: a launcher polls it to wait for a chip.
+ *
+ * The first min(num_chips, capacity) elements of `chips` are filled;
+ * `num_chips` says how many chips there are (call again with a larger
+ * array when it exceeds `capacity`). `chips` may be NULL when capacity is
+ * 0. Errors: INVALID_ARGUMENT as System_Create for options; the failing
+ * call's status when a lock file cannot be read. */
+typedef struct TpuShim_Chips_List_Args {
+  size_t struct_size;
+  const TpuShim_Option* options; /* in: may be NULL when num_options is 0 */
+  size_t num_options;            /* in */
+  TpuShim_ChipInfo* chips;       /* in: array of `capacity` elements */
+  size_t capacity;               /* in */
+  size_t num_chips;              /* out */
+} TpuShim_Chips_List_Args;
+#define TPUSHIM_CHIPS_LIST_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_Chips_List_Args, num_chips)
+typedef TpuShim_Error* TpuShim_Chips_List_Fn(TpuShim_Chips_List_Args* args);
 
 /* ---- The table */
 
@@ -1198,6 +1234,8 @@ typedef struct TpuShim_Api {
   /* 1.4: registered host memory */
   TPUSHIM_API_FN(HostMemory_Register);
   TPUSHIM_API_FN(HostMemory_Unregister);
+  /* 1.4: chips */
+  TPUSHIM_API_FN(Chips_List);
 } TpuShim_Api;
 
 #undef TPUSHIM_API_FN

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace tpushim {
 
@@ -48,6 +49,17 @@ struct OptionOverrides {
   std::optional<PremapMode> premap;           // TPUSHIM_PREMAP
   std::optional<bool> dump_on_oom;            // TPUSHIM_DUMP_ON_OOM
   std::optional<std::string> memory_profile;  // TPUSHIM_MEMORY_PROFILE
+  // TPU_VISIBLE_CHIPS (or TPU_VISIBLE_DEVICES): the host chips this
+  // process uses, seen as devices 0..k-1 in this order; empty = all.
+  std::optional<std::vector<int>> visible_chips;
+  // TPU_CHIPS_PER_PROCESS_BOUNDS (or TPU_CHIPS_PER_HOST_BOUNDS): {x, y, z},
+  // whose product is the number of visible chips; empty = not given.
+  std::optional<std::vector<int>> chips_per_process_bounds;
+  // TPU_PROCESS_BOUNDS (or TPU_HOST_BOUNDS): {x, y, z}; empty = not given.
+  std::optional<std::vector<int>> process_bounds;
+  // TPUSHIM_RUN_DIR: the directory of the chips' lock files, shared by
+  // every process of the host that should see the same chips.
+  std::optional<std::string> run_dir;
 };
 
 }  // namespace tpushim

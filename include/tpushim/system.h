@@ -157,6 +157,9 @@ struct DeviceDescription {
   // Device buffer offsets and transfer sizes are multiples of this (1 for
   // sim://; the logical block size, e.g. 512, for NVMe).
   uint32_t block_bytes = 1;
+  // The host chip this device is (TPU_VISIBLE_CHIPS), which other
+  // processes and `tpushim info` call it.
+  int host_chip = 0;
 };
 
 // How far start-up has come, for a progress bar: premapping a large

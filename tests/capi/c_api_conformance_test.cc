@@ -166,9 +166,18 @@ Options With(Options options, std::string name, std::string value) {
   return options;
 }
 
+// A simulated chip the test device's systems never use (they own chips 0
+// and 1 of a simulated host), for a second system alive beside them.
+Options SpareChipOptions() {
+  return With(SmallOptions("sim://?devices=3&hbm=16M"), "TPU_VISIBLE_CHIPS",
+              "2");
+}
+
 // A device slow enough that work queued behind a transfer is still pending
 // a while later: 0.05 Gbit/s moves 256 KiB in ~40 ms.
 constexpr char kSlowDevice[] = "sim://?devices=1&hbm=16M&link_gbps=0.05";
+// Two such chips, for two systems at once (each owns the chips it uses).
+constexpr char kSlowPair[] = "sim://?devices=2&hbm=16M&link_gbps=0.05";
 
 // Waits (bounded) for a count set by callbacks.
 class Counter {
@@ -564,7 +573,7 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
   calls.push_back(
       {"System_Create", TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE,
        sizeof(TpuShim_System_Create_Args), [this](size_t size, bool null_args) {
-         const Options options = SmallOptions("sim://?hbm=16M");
+         const Options options = SpareChipOptions();
          std::vector<TpuShim_Option> c;
          for (const auto& [n, v] : options) {
            c.push_back({n.c_str(), v.c_str()});
@@ -583,8 +592,7 @@ std::vector<CApiConformanceTest::Call> CApiConformanceTest::Calls(
   calls.push_back({"System_Destroy", TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE,
                    sizeof(TpuShim_System_Destroy_Args),
                    [this](size_t size, bool null_args) {
-                     TpuShim_System victim =
-                         NewSystem(SmallOptions("sim://?hbm=16M"));
+                     TpuShim_System victim = NewSystem(SpareChipOptions());
                      TpuShim_System_Destroy_Args a{};
                      a.system = victim;
                      Outcome o =
@@ -1217,8 +1225,9 @@ TEST_P(CApiConformanceTest, StaleAndDoublyFreedHandlesOfEveryKind) {
 TEST_P(CApiConformanceTest, ForeignHandlesAreInvalidArgument) {
   const TpuShim_System one = NewSystem();
   // Simulated whatever the test device: a vfio:// device serves one system
-  // at a time.
-  const TpuShim_System two = NewSystem(SmallOptions("sim://?hbm=16M"));
+  // at a time. Its own chip: `one` owns the test device's chips 0 and 1.
+  const TpuShim_System two = NewSystem(
+      With(SmallOptions("sim://?devices=3&hbm=16M"), "TPU_VISIBLE_CHIPS", "2"));
   const Host h = NewHost(one, 4096);
   const TpuShim_DeviceBuffer d1 = NewDevice(one, 4096);
   const TpuShim_DeviceBuffer d2 = NewDevice(two, 4096);
@@ -1729,8 +1738,11 @@ void DestroyTheOtherSystemCallback(TpuShim_Error* status, void* user_arg) {
 // test kills after 20 s, so that a deadlock fails this test, not the run.
 TEST_P(CApiConformanceTest, CallbacksOfTwoSystemsCannotDestroyEachOther) {
   const testutil::ForkResult r = testutil::RunForkedChild([&] {
-    const TpuShim_System a = NewSystem(SmallOptions(kSlowDevice));
-    const TpuShim_System b = NewSystem(SmallOptions(kSlowDevice));
+    // One chip each of a host of two.
+    const TpuShim_System a =
+        NewSystem(With(SmallOptions(kSlowPair), "TPU_VISIBLE_CHIPS", "0"));
+    const TpuShim_System b =
+        NewSystem(With(SmallOptions(kSlowPair), "TPU_VISIBLE_CHIPS", "1"));
     const TpuShim_DeviceBuffer da = NewDevice(a, 1 * kMiB);
     const TpuShim_DeviceBuffer db = NewDevice(b, 1 * kMiB);
     std::vector<char> host(256 * kKiB, 4);
@@ -2029,6 +2041,8 @@ class FakeEnvOs : public OsWrapper {
     for (const auto& [n, v] : env_) {
       if (n == name) return v;
     }
+    // The test process's own chip run directory, as FixedEnvironmentOs.
+    if (name == "TPUSHIM_RUN_DIR") return OsWrapper::GetEnv(name);
     return std::nullopt;
   }
   void Set(Options env) {
@@ -2078,7 +2092,9 @@ TEST_P(TpushimCApiTest, OptionsWinOverFlagsAndEnvironment) {
   EXPECT_TRUE(DeviceCount(s, &count).ok());
   EXPECT_EQ(count, 3);  // from the environment
 
-  // Without the option, the flag beats the environment.
+  // Without the option, the flag beats the environment (on the chips
+  // `s` does not own).
+  ASSERT_TRUE(DestroySystem(s).ok());
   const TpuShim_System t = NewSystem({{"TPUSHIM_PREFAULT_THREADS", "1"}});
   ASSERT_TRUE(Stats(t, &st).ok());
   EXPECT_EQ(st.region_capacity_bytes, 6 * kMiB);

@@ -876,6 +876,26 @@ TEST(VfioDeviceOpenTest, GroupHeldByAnotherProcessSaysSo) {
               {"IOMMU group 12", "another process"});
 }
 
+TEST(VfioDeviceOpenTest, GroupHeldByAnotherProcessNamesIt) {
+  FakeHost host{.group_open_errno = EBUSY};
+  host.tree.Dir("/proc/4242/fd")
+      .Link("/proc/4242/fd/3", "/dev/null")
+      .Link("/proc/4242/fd/9", "/dev/vfio/12")
+      .File("/proc/4242/cmdline",
+            std::string("qemu-system-x86_64\0-m\0004G\0", 25))
+      .Dir("/proc/77/fd")
+      .Link("/proc/77/fd/1", "/dev/vfio/13");
+  ExpectError(OpenFailure(std::move(host)), absl::ErrnoToStatusCode(EBUSY),
+              {"IOMMU group 12",
+               "open elsewhere by pid 4242 (qemu-system-x86_64 -m 4G)"});
+}
+
+TEST(VfioDeviceOpenTest, GroupHeldByAnUnseenProcessSaysHowToFindIt) {
+  ExpectError(OpenFailure({.group_open_errno = EBUSY}),
+              absl::ErrnoToStatusCode(EBUSY),
+              {"cannot see", "sudo fuser -v /dev/vfio/12"});
+}
+
 TEST(VfioDeviceOpenTest, GroupNotViableNamesTheMemberBoundElsewhere) {
   const absl::Status s =
       OpenFailure({.other_members = {{"0000:01:00.1", "snd_hda_intel"},

@@ -13,7 +13,9 @@
 # piped into jq still has its own exit status) in a clean environment (env -i) in a fresh
 # temporary directory ($WORK), with the tool as `tpushim` on PATH, logs in
 # $WORK/logs and a 64 MiB premapped region unless the command sets one;
-# only the sanitizers' *_OPTIONS pass through from the caller.
+# only the sanitizers' *_OPTIONS pass through from the caller. The chip
+# locks live in a run directory of the test's own (TPUSHIM_RUN_DIR), so
+# that tests running beside it never hold its chips.
 set -u
 
 tool=${1:?usage: doc_commands_test.sh TPUSHIM_TOOL SOURCE_DIR [LIST] [ENTRY...]}
@@ -27,7 +29,7 @@ only=("$@")
 
 top=$(mktemp -d /tmp/doc_commands.XXXXXX)
 trap 'rm -rf "$top"' EXIT
-mkdir -p "$top/bin"
+mkdir -p "$top/bin" "$top/run"
 ln -s "$(readlink -f "$tool")" "$top/bin/tpushim"
 
 failures=0
@@ -101,7 +103,7 @@ run_entry() {
       C_BACKEND="${C_BACKEND:-}" TPUSHIM_SHARED="${TPUSHIM_SHARED:-}" \
       CPP_BACKEND="${CPP_BACKEND:-}" ASAN_OPTIONS="${ASAN_OPTIONS:-}" \
       UBSAN_OPTIONS="${UBSAN_OPTIONS:-}" LSAN_OPTIONS="${LSAN_OPTIONS:-}" \
-      TSAN_OPTIONS="${TSAN_OPTIONS:-}" \
+      TSAN_OPTIONS="${TSAN_OPTIONS:-}" TPUSHIM_RUN_DIR="$top/run" \
       timeout 60 bash -o pipefail -c "${runs[$i]}") >>"$out" 2>&1
     rc=$?
     if ((i < ${#runs[@]} - 1 && rc != 0)); then

@@ -232,8 +232,13 @@ TEST(SystemTest, AMemoryProfileThatCannotBeCreatedFailsBeforePremapping) {
 TEST(SystemTest, TwoSystemsLiveSideBySide) {
   ScopedTestLogging logs;
   FixedEnvironmentOs os(Os::Default());
-  auto one = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
-  auto two = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
+  // One chip each of a simulated host of two: a System owns its chips.
+  OptionOverrides first = Small(4 * kMiB, "sim://?devices=2&hbm=16M");
+  first.visible_chips = std::vector<int>{0};
+  OptionOverrides second = first;
+  second.visible_chips = std::vector<int>{1};
+  auto one = SystemFactory::Create(first, &os);
+  auto two = SystemFactory::Create(second, &os);
   ASSERT_TRUE(one.ok() && two.ok());
   auto a = (*one)->AllocateDevice(0, 4096);
   ASSERT_TRUE(a.ok());
@@ -253,9 +258,14 @@ TEST(SystemTest, PendingEventOfAnotherSystemIsRefusedInWaitFor) {
   // Its continuation would call into this system after it may be gone.
   ScopedTestLogging logs;
   FixedEnvironmentOs os(Os::Default());
-  auto slow = SystemFactory::Create(
-      Small(4 * kMiB, "sim://?hbm=16M&latency_us=200000"), &os);
-  auto other = SystemFactory::Create(Small(4 * kMiB, "sim://?hbm=16M"), &os);
+  // One chip each of a simulated host of two.
+  OptionOverrides slow_chip =
+      Small(4 * kMiB, "sim://?devices=2&hbm=16M&latency_us=200000");
+  slow_chip.visible_chips = std::vector<int>{0};
+  OptionOverrides other_chip = Small(4 * kMiB, "sim://?devices=2&hbm=16M");
+  other_chip.visible_chips = std::vector<int>{1};
+  auto slow = SystemFactory::Create(slow_chip, &os);
+  auto other = SystemFactory::Create(other_chip, &os);
   ASSERT_TRUE(slow.ok() && other.ok());
   std::vector<char> host(4096, 1);
   auto a = (*slow)->AllocateDevice(0, 4096);

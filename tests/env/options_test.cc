@@ -25,9 +25,20 @@ using ::testing::SizeIs;
 
 constexpr uint64_t k4G = uint64_t{4} << 30;
 
+// An environment with nothing set: not even the test process's run
+// directory, which FixedEnvironmentOs would otherwise pass through.
+class EmptyEnvironmentOs : public OsWrapper {
+ public:
+  EmptyEnvironmentOs() : OsWrapper(Os::Default()) {}
+  std::optional<std::string> GetEnv(const std::string&) override {
+    return std::nullopt;
+  }
+};
+
 absl::StatusOr<Options> Resolve(std::map<std::string, std::string> env,
                                 const OptionOverrides& api = {}) {
-  FixedEnvironmentOs os(Os::Default(), std::move(env));
+  EmptyEnvironmentOs empty;
+  FixedEnvironmentOs os(&empty, std::move(env));
   return ResolveOptions(os, api);
 }
 
@@ -96,6 +107,10 @@ TEST(OptionsTest, ReadsEveryVariable) {
       {"TPUSHIM_PREMAP", "background"},
       {"TPUSHIM_MEMORY_PROFILE", "/tmp/mem.jsonl"},
       {"TPUSHIM_DUMP_ON_OOM", "1"},
+      {"TPU_VISIBLE_CHIPS", "1,0"},
+      {"TPU_CHIPS_PER_PROCESS_BOUNDS", "2,1,1"},
+      {"TPU_PROCESS_BOUNDS", "1,1,1"},
+      {"TPUSHIM_RUN_DIR", "/run/tpushim"},
   });
   EXPECT_EQ(options.premapped_buffer_size.value, uint64_t{1} << 34);
   EXPECT_EQ(options.premapped_buffer_size.source, OptionSource::kEnv);
@@ -122,6 +137,10 @@ TEST(OptionsTest, ReadsEveryVariable) {
   EXPECT_EQ(options.premap.value, PremapMode::kBackground);
   EXPECT_EQ(options.memory_profile.value, "/tmp/mem.jsonl");
   EXPECT_TRUE(options.dump_on_oom.value);
+  EXPECT_THAT(options.visible_chips.value, ElementsAre(1, 0));
+  EXPECT_THAT(options.chips_per_process_bounds.value, ElementsAre(2, 1, 1));
+  EXPECT_THAT(options.process_bounds.value, ElementsAre(1, 1, 1));
+  EXPECT_EQ(options.run_dir.value, "/run/tpushim");
   EXPECT_THAT(options.warnings, IsEmpty());
   for (const OptionRow& row : DescribeOptions(options)) {
     EXPECT_EQ(row.source, OptionSource::kEnv) << row.name;
@@ -430,6 +449,10 @@ TEST(PrecedenceTest, ApiOverridesEverySetting) {
   api.premap = PremapMode::kBackground;
   api.memory_profile = "/tmp/m.jsonl";
   api.dump_on_oom = true;
+  api.visible_chips = std::vector<int>{2};
+  api.chips_per_process_bounds = std::vector<int>{1, 1, 1};
+  api.process_bounds = std::vector<int>{3, 1, 1};
+  api.run_dir = "/run/x";
   const Options options = MustResolve({{"TPU_LOG_DIR", "/x"},
                                        {"TPUSHIM_HUGEPAGES", "thp"},
                                        {"TPUSHIM_NUMA_NODE", "1"}},
@@ -896,11 +919,14 @@ TEST(DescribeOptionsTest, OneRowPerSettingInDocumentedOrderWithDefaults) {
           "TPU_MAX_LOG_SIZE_MB", "TPUSHIM_LOG_KEEP", "TPUSHIM_DEVICE",
           "TPUSHIM_HUGEPAGES", "TPUSHIM_PREFAULT_THREADS", "TPUSHIM_NUMA_NODE",
           "TPUSHIM_MLOCK", "TPUSHIM_FAULTS", "TPUSHIM_TRACE_FILE",
-          "TPUSHIM_PREMAP", "TPUSHIM_MEMORY_PROFILE", "TPUSHIM_DUMP_ON_OOM"));
+          "TPUSHIM_PREMAP", "TPUSHIM_MEMORY_PROFILE", "TPU_VISIBLE_CHIPS",
+          "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
+          "TPUSHIM_DUMP_ON_OOM", "TPUSHIM_RUN_DIR"));
   EXPECT_THAT(Column(rows, &OptionRow::value),
               ElementsAre("4294967296", "4294967296", "/tmp/tpu_logs", "0", "2",
                           "\"\"", "1024", "5", "sim://", "auto", "0", "auto",
-                          "on", "\"\"", "\"\"", "foreground", "\"\"", "0"));
+                          "on", "\"\"", "\"\"", "foreground", "\"\"", "\"\"",
+                          "\"\"", "\"\"", "0", "/tmp/tpushim-run"));
 }
 
 TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
@@ -920,15 +946,18 @@ TEST(DescribeOptionsTest, ShowsCanonicalValuesAndSources) {
       Column(rows, &OptionRow::value),
       ElementsAre("8192", "8192", "/tmp/tpu_logs", "0", "2", "a=1,b*=2", "1024",
                   "5", "sim://?devices=2", "thp", "0", "1", "required",
-                  "mmap:nth=1", "\"\"", "background", "\"\"", "1"));
+                  "mmap:nth=1", "\"\"", "background", "\"\"", "\"\"", "\"\"",
+                  "\"\"", "1", "/tmp/tpushim-run"));
   std::vector<OptionSource> sources;
   for (const OptionRow& row : rows) sources.push_back(row.source);
   using S = OptionSource;
-  EXPECT_THAT(sources,
-              ElementsAre(S::kFlag, S::kDefault, S::kDefault, S::kDefault,
-                          S::kDefault, S::kEnv, S::kDefault, S::kDefault,
-                          S::kEnv, S::kEnv, S::kDefault, S::kEnv, S::kApi,
-                          S::kEnv, S::kDefault, S::kEnv, S::kDefault, S::kEnv));
+  EXPECT_THAT(
+      sources,
+      ElementsAre(S::kFlag, S::kDefault, S::kDefault, S::kDefault, S::kDefault,
+                  S::kEnv, S::kDefault, S::kDefault, S::kEnv, S::kEnv,
+                  S::kDefault, S::kEnv, S::kApi, S::kEnv, S::kDefault, S::kEnv,
+                  S::kDefault, S::kDefault, S::kDefault, S::kDefault, S::kEnv,
+                  S::kDefault));
 }
 
 // ---- Small helpers ----------------------------------------------------------

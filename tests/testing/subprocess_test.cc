@@ -45,15 +45,29 @@ TEST(RunSubprocessTest, PassesExactlyTheGivenEnvironment) {
   ASSERT_TRUE(r.ok()) << r.status();
   EXPECT_EQ(r->exit_code, 0);
   // Nothing else, but the sanitizer options a sanitizer job sets (see
-  // PassesOnTheCallersSanitizerOptionsOnly).
+  // PassesOnTheCallersSanitizerOptionsOnly) and the chip run directory.
   std::string others;
   for (absl::string_view line :
        absl::StrSplit(r->out, '\n', absl::SkipEmpty())) {
-    if (!absl::StrContains(line.substr(0, line.find('=')), "SAN_OPTIONS")) {
+    const absl::string_view name = line.substr(0, line.find('='));
+    if (!absl::StrContains(name, "SAN_OPTIONS") && name != "TPUSHIM_RUN_DIR") {
       absl::StrAppend(&others, line, "\n");
     }
   }
   EXPECT_EQ(others, "TPUSHIM_A=1\nTPUSHIM_B=two words\n");
+}
+
+TEST(RunSubprocessTest, PassesOnTheCallersChipRunDirectory) {
+  // Every test process has one (tests/testing/private_run_dir.cc).
+  const char* run_dir = getenv("TPUSHIM_RUN_DIR");
+  ASSERT_NE(run_dir, nullptr);
+  absl::StatusOr<SubprocessResult> r = RunSubprocess("/usr/bin/env", {}, {});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->out, HasSubstr(absl::StrCat("TPUSHIM_RUN_DIR=", run_dir)));
+  r = RunSubprocess("/usr/bin/env", {}, {"TPUSHIM_RUN_DIR=/elsewhere"});
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_THAT(r->out, HasSubstr("TPUSHIM_RUN_DIR=/elsewhere\n"));
+  EXPECT_THAT(r->out, Not(HasSubstr(run_dir)));
 }
 
 TEST(RunSubprocessTest, DrainsLargeOutputOnBothStreams) {

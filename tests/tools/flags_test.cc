@@ -79,6 +79,8 @@ const std::map<std::pair<std::string, std::string>, Kind>& Flags() {
           {{"stress", "--ops"}, Kind::kNumber},
           {{"stress", "--seconds"}, Kind::kNumber},
           {{"stress", "--threads"}, Kind::kNumber},
+          {{"stress", "--processes"}, Kind::kNumber},
+          {{"stress", "--kills"}, Kind::kNumber},
           {{"stress", "--seed"}, Kind::kNumber},
           {{"stress", "--faults"}, Kind::kText},
           {{"stress", "--region-bytes"}, Kind::kNumber},

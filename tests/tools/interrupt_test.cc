@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -86,6 +87,11 @@ Interrupted RunAndInterrupt(const std::vector<std::string>& args,
   for (std::string& s : argv_strings) argv.push_back(s.data());
   argv.push_back(nullptr);
   std::vector<std::string> env_strings = env;
+  // The test process's chip run directory (tests/testing/private_run_dir.cc):
+  // tests running side by side never hold each other's chips.
+  if (const char* run_dir = getenv("TPUSHIM_RUN_DIR")) {
+    env_strings.push_back(std::string("TPUSHIM_RUN_DIR=") + run_dir);
+  }
   for (std::string& s : env_strings) envp.push_back(s.data());
   envp.push_back(nullptr);
   pid_t pid = 0;
