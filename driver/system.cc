@@ -474,6 +474,21 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
     WriterMutexLock lock(&impl->registrations->mu);
     impl->registrations->engine = impl->engine.get();
   }
+
+  LOG(INFO) << "tpu::System initialized, current host id: 0, logical device "
+               "ids: "
+            << DeviceIdList(static_cast<int>(impl->devices.size()));
+  impl->init_time = absl::Nanoseconds(base_os->MonotonicNanos() - start_ns);
+  LOG(INFO) << "CreateTpuSystemState: TPU initialization is successful and "
+               "it took "
+            << absl::StrFormat("%.9f", absl::ToDoubleSeconds(impl->init_time))
+            << "s";
+  LOG(INFO) << "CreateTpuSystemState: using TPU host premapped buffer of "
+               "size: "
+            << options.premapped_buffer_size.value;
+  // Premapping behind the caller starts once the creation lines are
+  // written, so that its own lines (mlock()-ed, Done premapping) always
+  // follow them in the log, as they follow libtpu's.
   if (impl->region != nullptr && impl->region->background()) {
     std::vector<Device*> devices;
     for (auto& d : impl->devices) devices.push_back(d.get());
@@ -495,18 +510,6 @@ absl::StatusOr<std::unique_ptr<System>> SystemFactory::Create(
         .on_done = [startup](const absl::Status&) { startup->Done(); }});
     premapping_behind = true;
   }
-
-  LOG(INFO) << "tpu::System initialized, current host id: 0, logical device "
-               "ids: "
-            << DeviceIdList(static_cast<int>(impl->devices.size()));
-  impl->init_time = absl::Nanoseconds(base_os->MonotonicNanos() - start_ns);
-  LOG(INFO) << "CreateTpuSystemState: TPU initialization is successful and "
-               "it took "
-            << absl::StrFormat("%.9f", absl::ToDoubleSeconds(impl->init_time))
-            << "s";
-  LOG(INFO) << "CreateTpuSystemState: using TPU host premapped buffer of "
-               "size: "
-            << options.premapped_buffer_size.value;
   System::Impl* const raw_impl = impl.get();
   auto system = std::unique_ptr<System>(new System(std::move(impl)));
   System* const sys = system.get();

@@ -2,7 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
+#include <sys/prctl.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,6 +27,7 @@
 #include "env/chips.h"
 #include "env/options.h"
 #include "nlohmann/json.hpp"
+#include "tools/interrupt.h"
 #include "tools/text_table.h"
 
 extern char** environ;
@@ -122,17 +123,36 @@ absl::Status Spawn(const std::string& self, const StressProcessesFlags& flags,
   argv.push_back(nullptr);
   for (const std::string& e : env) envp.push_back(const_cast<char*>(e.c_str()));
   envp.push_back(nullptr);
-  posix_spawn_file_actions_t actions;
-  posix_spawn_file_actions_init(&actions);
-  posix_spawn_file_actions_addopen(&actions, 0, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&actions, 1, c.out_path.c_str(),
-                                   O_WRONLY | O_TRUNC, 0);
-  posix_spawn_file_actions_addopen(&actions, 2, c.err_path.c_str(),
-                                   O_WRONLY | O_TRUNC, 0);
-  const int err = posix_spawn(&c.pid, self.c_str(), &actions, nullptr,
-                              argv.data(), envp.data());
-  posix_spawn_file_actions_destroy(&actions);
-  if (err != 0) return absl::ErrnoToStatus(err, "posix_spawn");
+  // fork + exec rather than posix_spawn: the child must die with this
+  // process even when it is killed with SIGKILL (PR_SET_PDEATHSIG, which
+  // only the child can ask for), or it would hold its chip and pinned
+  // memory. Everything the child needs is built above; between fork and
+  // exec it makes only async-signal-safe calls.
+  const pid_t parent = getpid();
+  const pid_t pid = fork();
+  if (pid < 0) return absl::ErrnoToStatus(errno, "fork");
+  if (pid == 0) {
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) {
+      _exit(127);
+    }
+    const int in = open("/dev/null", O_RDONLY);
+    const int out = open(c.out_path.c_str(), O_WRONLY | O_TRUNC);
+    const int err = open(c.err_path.c_str(), O_WRONLY | O_TRUNC);
+    if (in < 0 || out < 0 || err < 0 || dup2(in, 0) < 0 || dup2(out, 1) < 0 ||
+        dup2(err, 2) < 0) {
+      _exit(127);
+    }
+    // This tool blocks SIGINT and SIGTERM in every thread (it takes them
+    // with sigwait); the child starts with them at their defaults.
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    execve(self.c_str(), argv.data(), envp.data());
+    _exit(127);
+  }
+  c.pid = pid;
   return absl::OkStatus();
 }
 
@@ -149,7 +169,9 @@ bool ChipHeld(Os& os, const Options& options, int chip) {
   return false;
 }
 
-void ReadResult(Child& c) {
+// `interrupted`: the signal passed on to the children (0 if none); a child
+// it ended, with its partial report, did what it should.
+void ReadResult(Child& c, int interrupted) {
   const std::string out = ReadAll(c.out_path);
   const std::string err = ReadAll(c.err_path);
   unlink(c.out_path.c_str());
@@ -172,7 +194,11 @@ void ReadResult(Child& c) {
       c.violations = static_cast<int>(report["violations"].size());
     }
   }
-  if (c.exit_code != 0 || c.violations > 0 || !report.is_object()) {
+  const bool stopped = interrupted != 0 && (c.exit_code == 128 + SIGTERM ||
+                                            c.term_signal == SIGTERM ||
+                                            c.term_signal == SIGKILL);
+  if ((c.exit_code != 0 && !stopped) || c.violations > 0 ||
+      (!report.is_object() && c.term_signal == 0)) {
     std::string tail = err.substr(err.size() > 400 ? err.size() - 400 : 0);
     c.problem = absl::StrCat(
         c.term_signal != 0 ? absl::StrCat("killed by signal ", c.term_signal)
@@ -236,12 +262,31 @@ void RunStressProcesses(const StressProcessesFlags& flags,
   }
   // Kill the victims when their time comes (each only once it holds its
   // chip: a process killed before it took it frees nothing), then wait.
+  // SIGINT or SIGTERM: pass SIGTERM on to the children (each stops, frees
+  // its chip and prints its partial report), give them a few seconds, then
+  // SIGKILL whatever is left.
   int running = n;
   const absl::Time deadline = start + absl::Seconds(flags.seconds + 120);
+  int interrupted = 0;
+  absl::Time stop_by = absl::InfiniteFuture();
   while (running > 0) {
+    if (interrupted == 0 && InterruptSignal() != 0) {
+      interrupted = InterruptSignal();
+      for (Child& c : children) {
+        if (c.pid > 0) kill(c.pid, SIGTERM);
+      }
+      stop_by = absl::Now() + absl::Seconds(10);
+    }
+    if (absl::Now() > stop_by) {
+      for (Child& c : children) {
+        if (c.pid > 0) kill(c.pid, SIGKILL);
+      }
+      stop_by = absl::InfiniteFuture();
+    }
     for (Child& c : children) {
       if (c.pid <= 0) continue;
-      if (c.to_kill && !c.killed && absl::Now() - start >= c.kill_at &&
+      if (interrupted == 0 && c.to_kill && !c.killed &&
+          absl::Now() - start >= c.kill_at &&
           ChipHeld(env_os, *options, c.chip)) {
         kill(c.pid, SIGKILL);
         const absl::Time killed = absl::Now();
@@ -278,7 +323,7 @@ void RunStressProcesses(const StressProcessesFlags& flags,
   int problems = 0;
   std::vector<int64_t> freed;
   for (Child& c : children) {
-    if (c.problem.empty()) ReadResult(c);
+    if (c.problem.empty()) ReadResult(c, interrupted);
     if (!c.problem.empty()) ++problems;
     if (c.killed && c.freed_after_us >= 0) freed.push_back(c.freed_after_us);
   }
@@ -289,6 +334,8 @@ void RunStressProcesses(const StressProcessesFlags& flags,
       ++problems;
     }
   }
+  const int killed = static_cast<int>(std::count_if(
+      children.begin(), children.end(), [](const Child& c) { return c.killed; }));
   std::sort(freed.begin(), freed.end());
   const double median_ms = freed.empty() ? 0 : freed[freed.size() / 2] / 1e3;
   const double max_ms = freed.empty() ? 0 : freed.back() / 1e3;
@@ -312,7 +359,8 @@ void RunStressProcesses(const StressProcessesFlags& flags,
     }
     WriteJson(
         {{"processes", n},
-         {"killed", kills},
+         {"partial", interrupted != 0},
+         {"killed", killed},
          {"seconds", flags.seconds},
          {"seed", flags.seed},
          {"chip_freed_within_ms", kChipFreedWithinMs},
@@ -335,7 +383,13 @@ void RunStressProcesses(const StressProcessesFlags& flags,
                         : "-"});
     }
     out << n << " processes on disjoint chips of sim://?devices=" << n << ", "
-        << kills << " killed with SIGKILL, seed " << flags.seed << "\n";
+        << killed << " killed with SIGKILL, seed " << flags.seed
+        << (interrupted != 0
+                ? absl::StrCat(" (partial: interrupted by ",
+                               InterruptSignalName(interrupted),
+                               ", passed on to the processes)")
+                : "")
+        << "\n";
     table.Print(out);
     if (!freed.empty()) {
       out << absl::StrFormat(

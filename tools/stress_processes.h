@@ -4,7 +4,10 @@
 // killed with SIGKILL at random moments; each killed process's chip must
 // be free again within 100 ms (the kernel drops its lock as the process
 // dies), the survivors must end without an error or violation, and no
-// chip may stay held at the end.
+// chip may stay held at the end. The children die with this process, even
+// when it is killed with SIGKILL; SIGINT or SIGTERM is passed on to them as
+// SIGTERM (each prints its partial report and frees its chip), and the
+// report is marked partial.
 //
 // Thread-safety: runs on the caller's thread.
 

@@ -64,6 +64,8 @@ for f in include/tpushim/system.h include/tpushim/transfer.h \
          include/tpushim/options.h include/tpushim/stats.h \
          include/tpushim/export.h include/tpushim/c_api.h \
          include/tpushim/version.h include/tpushim/memory.h \
+         include/tpushim/c_api_memory.h include/tpushim/c_api_events.h \
+         include/tpushim/chips.h \
          "$LIBDIR/libtpushim.so.$VERSION" "$LIBDIR/libtpushim.a" \
          "$LIBDIR/cmake/tpushim/tpushimConfig.cmake" \
          "$LIBDIR/cmake/tpushim/tpushimConfigVersion.cmake" \

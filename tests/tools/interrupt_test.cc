@@ -232,6 +232,38 @@ TEST_P(InterruptTest, Stress) {
   EXPECT_EQ(j["violations"].size(), 0u) << r.out;
 }
 
+// Many processes: the signal reaches every stress process, each stops and
+// frees its chip, and none is left running.
+TEST_P(InterruptTest, StressProcesses) {
+  const Interrupted r = RunAndInterrupt(
+      {"stress", "--processes", "2", "--kills", "0", "--seconds", "60",
+       "--json"},
+      Env(), signal(), absl::Milliseconds(2500));
+  ExpectEndedBySignal(r);
+  const Json j = Json::parse(r.out, nullptr, false);
+  ASSERT_FALSE(j.is_discarded()) << r.out;
+  EXPECT_EQ(j["partial"], true);
+  EXPECT_EQ(j["problems"], 0) << r.out;
+  EXPECT_EQ(j["chips_left_held"], "") << r.out;
+  for (const Json& c : j["children"]) {
+    EXPECT_EQ(c["violations"], 0) << r.out;
+    EXPECT_GT(c["ops"].get<uint64_t>(), 0u) << r.out;
+  }
+}
+
+// SIGKILL cannot be passed on: the stress processes go by themselves
+// (PR_SET_PDEATHSIG) instead of holding their chips and pinned memory.
+TEST(InterruptKillTest, StressProcessesDieWithAKilledParent) {
+  ASSERT_EQ(prctl(PR_SET_CHILD_SUBREAPER, 1), 0);
+  testutil::TempDir logs;
+  const Interrupted r = RunAndInterrupt(
+      {"stress", "--processes", "2", "--kills", "0", "--seconds", "60"},
+      {"TPU_LOG_DIR=" + logs.path(), "PATH=/usr/bin:/bin"}, SIGKILL,
+      absl::Milliseconds(2500));
+  EXPECT_TRUE(r.left_behind.empty())
+      << "left running: " << absl::StrJoin(r.left_behind, ", ");
+}
+
 INSTANTIATE_TEST_SUITE_P(Signals, InterruptTest,
                          ::testing::Values(SIGINT, SIGTERM), [](const auto& p) {
                            return p.param == SIGINT ? "Sigint" : "Sigterm";
