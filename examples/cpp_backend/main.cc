@@ -28,8 +28,9 @@
 // status 0 on success, 1 (with the failing status on stderr) otherwise, 2
 // for an unknown name.
 //
-// Settings: a 16 MiB premapped region with a 4 MiB threshold and, unless
-// TPUSHIM_DEVICE is set, two simulated devices with 64 MiB of HBM each.
+// Settings (each flow's own System): a 16 MiB premapped region with a 4 MiB
+// threshold (1 MiB for dma_map) and, unless TPUSHIM_DEVICE is set, two
+// simulated devices with 64 MiB of HBM each.
 // Logging follows the environment (TPU_LOG_DIR, default /tmp/tpu_logs).
 
 #include <atomic>
