@@ -10,13 +10,27 @@
 //                    event, and the next step names it in `wait_for`, so a
 //                    whole batch is in flight before anything blocks.
 //
-// main() copies a batch of tensors to every device, brings every copy back,
-// checks it, frees everything and prints one line starting
-// "cpp_backend: OK" and the system's transfer statistics. Exit status 0 on
-// success, 1 (with the failing status on stderr) otherwise.
+// and, in the shape of a PJRT plugin's host-memory half (PjrtBackend,
+// pjrt_backend.h; flows.cc):
 //
-// Settings: a 16 MiB premapped region with a 4 MiB threshold and, unless
-// TPUSHIM_DEVICE is set, two simulated devices with 64 MiB of HBM each.
+//   device_put       BufferFromHostBuffer with each of PJRT's four
+//                    host-buffer semantics, and its two events
+//   to_host          ToHostBuffer from device, pinned_host and unpinned_host
+//   copy_to_memory   CopyToMemory device -> pinned_host -> device
+//   dma_map          DmaMap / DmaUnmap: a caller buffer registered, moved
+//                    zero-copy both ways, unregistered
+//
+// `cpp_backend` runs them all; `cpp_backend <name>` runs one (`batch` is
+// the batch below). The batch copies tensors to every device, brings every
+// copy back, checks it, frees everything and prints one line starting
+// "cpp_backend: OK" and the system's transfer statistics; each flow checks
+// every byte it moves and prints "cpp_backend: <name>: OK: ...". Exit
+// status 0 on success, 1 (with the failing status on stderr) otherwise, 2
+// for an unknown name.
+//
+// Settings (each flow's own System): a 16 MiB premapped region with a 4 MiB
+// threshold (1 MiB for dma_map) and, unless TPUSHIM_DEVICE is set, two
+// simulated devices with 64 MiB of HBM each.
 // Logging follows the environment (TPU_LOG_DIR, default /tmp/tpu_logs).
 
 #include <atomic>
@@ -32,16 +46,10 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "pjrt_backend.h"
 #include "tpushim/system.h"
 
 namespace {
-
-// abseil 20220623 has no RETURN_IF_ERROR / ASSIGN_OR_RETURN.
-#define BACKEND_RETURN_IF_ERROR(expr)     \
-  do {                                    \
-    absl::Status status_ = (expr);        \
-    if (!status_.ok()) return status_;    \
-  } while (0)
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
@@ -56,9 +64,7 @@ class HostBuffer {
   HostBuffer(void* pageable, uint64_t size)
       : pageable_(pageable), size_(size) {}
 
-  void* data() const {
-    return pinned_ ? pinned_.data() : pageable_.get();
-  }
+  void* data() const { return pinned_ ? pinned_.data() : pageable_.get(); }
   uint64_t size() const { return size_; }
   bool pinned() const { return static_cast<bool>(pinned_); }
 
@@ -186,8 +192,8 @@ void PrintStats(const tpushim::SystemStats& stats) {
                   std::string(tpushim::TransferPathName(
                                   static_cast<tpushim::TransferPath>(path)))
                       .c_str(),
-                  static_cast<unsigned long long>(p.transfers),
-                  InMiB(p.bytes), static_cast<unsigned long long>(p.failed));
+                  static_cast<unsigned long long>(p.transfers), InMiB(p.bytes),
+                  static_cast<unsigned long long>(p.failed));
     }
   }
   const tpushim::RegionStats& r = stats.region;
@@ -206,15 +212,9 @@ void PrintStats(const tpushim::SystemStats& stats) {
   }
 }
 
-absl::Status Run() {
-  tpushim::OptionOverrides options;
-  options.premapped_buffer_size = 16 * kMiB;
-  options.premapped_buffer_transfer_threshold_bytes = 4 * kMiB;
-  if (std::getenv("TPUSHIM_DEVICE") == nullptr) {
-    options.device = "sim://?devices=2&hbm=64M";
-  }
+absl::Status RunBatch() {
   absl::StatusOr<std::unique_ptr<tpushim::System>> created =
-      tpushim::System::Create(options);
+      cpp_backend::MakeSystem(4 * kMiB);
   if (!created.ok()) return created.status();
   std::unique_ptr<tpushim::System> system = *std::move(created);
   {
@@ -271,10 +271,9 @@ absl::Status Run() {
     for (const Copy& c : copies) {
       if (std::memcmp(c.result.data(), batch[c.tensor].data(),
                       c.result.size()) != 0) {
-        return absl::DataLossError("tensor " + std::to_string(c.tensor) +
-                                   " came back from device " +
-                                   std::to_string(c.on_device.device) +
-                                   " changed");
+        return absl::DataLossError(
+            "tensor " + std::to_string(c.tensor) + " came back from device " +
+            std::to_string(c.on_device.device) + " changed");
       }
     }
     std::vector<tpushim::Event> freed;
@@ -299,12 +298,34 @@ absl::Status Run() {
 
 }  // namespace
 
-int main() {
-  absl::Status status = Run();
-  if (!status.ok()) {
-    std::fprintf(stderr, "cpp_backend: FAILED: %s\n",
-                 status.ToString().c_str());
-    return 1;
+int main(int argc, char** argv) {
+  struct Flow {
+    const char* name;
+    absl::Status (*run)();
+  };
+  const Flow flows[] = {{"batch", RunBatch},
+                        {"device_put", cpp_backend::RunDevicePut},
+                        {"to_host", cpp_backend::RunToHost},
+                        {"copy_to_memory", cpp_backend::RunCopyToMemory},
+                        {"dma_map", cpp_backend::RunDmaMap}};
+  const std::string only = argc > 1 ? argv[1] : "";
+  bool known = only.empty();
+  for (const Flow& flow : flows) {
+    if (!only.empty() && only != flow.name) continue;
+    known = true;
+    absl::Status status = flow.run();
+    if (!status.ok()) {
+      std::fprintf(stderr, "cpp_backend: FAILED: %s: %s\n", flow.name,
+                   status.ToString().c_str());
+      return 1;
+    }
+  }
+  if (!known) {
+    std::fprintf(stderr,
+                 "cpp_backend: unknown flow '%s' (batch, device_put, "
+                 "to_host, copy_to_memory, dma_map)\n",
+                 only.c_str());
+    return 2;
   }
   return 0;
 }

@@ -148,7 +148,9 @@ run "$CC" -std=c11 -O2 -Wall -Wextra -Werror "${cflags[@]}" \
   "$SOURCE_DIR/examples/c_backend/main.c" "${pc_cflags[@]}" "${ldflags[@]}" \
   -ldl -o "$tmp/pc-c_backend"
 run "$CXX" -std=c++17 -O2 -Wall -Wextra -Werror "${cxxflags[@]}" \
-  "$SOURCE_DIR/examples/cpp_backend/main.cc" "${pc_libs[@]}" "${ldflags[@]}" \
+  "$SOURCE_DIR/examples/cpp_backend/main.cc" \
+  "$SOURCE_DIR/examples/cpp_backend/pjrt_backend.cc" \
+  "$SOURCE_DIR/examples/cpp_backend/flows.cc" "${pc_libs[@]}" "${ldflags[@]}" \
   -o "$tmp/pc-cpp_backend"
 
 step "pkg-config: run the examples"
