@@ -2,8 +2,8 @@
 
 #include <fcntl.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <stdlib.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -194,9 +194,9 @@ void ReadResult(Child& c, int interrupted) {
       c.violations = static_cast<int>(report["violations"].size());
     }
   }
-  const bool stopped = interrupted != 0 && (c.exit_code == 128 + SIGTERM ||
-                                            c.term_signal == SIGTERM ||
-                                            c.term_signal == SIGKILL);
+  const bool stopped = interrupted != 0 &&
+                       (c.exit_code == 128 + SIGTERM ||
+                        c.term_signal == SIGTERM || c.term_signal == SIGKILL);
   if ((c.exit_code != 0 && !stopped) || c.violations > 0 ||
       (!report.is_object() && c.term_signal == 0)) {
     std::string tail = err.substr(err.size() > 400 ? err.size() - 400 : 0);
@@ -334,8 +334,9 @@ void RunStressProcesses(const StressProcessesFlags& flags,
       ++problems;
     }
   }
-  const int killed = static_cast<int>(std::count_if(
-      children.begin(), children.end(), [](const Child& c) { return c.killed; }));
+  const int killed =
+      static_cast<int>(std::count_if(children.begin(), children.end(),
+                                     [](const Child& c) { return c.killed; }));
   std::sort(freed.begin(), freed.end());
   const double median_ms = freed.empty() ? 0 : freed[freed.size() / 2] / 1e3;
   const double max_ms = freed.empty() ? 0 : freed.back() / 1e3;
@@ -384,11 +385,10 @@ void RunStressProcesses(const StressProcessesFlags& flags,
     }
     out << n << " processes on disjoint chips of sim://?devices=" << n << ", "
         << killed << " killed with SIGKILL, seed " << flags.seed
-        << (interrupted != 0
-                ? absl::StrCat(" (partial: interrupted by ",
-                               InterruptSignalName(interrupted),
-                               ", passed on to the processes)")
-                : "")
+        << (interrupted != 0 ? absl::StrCat(" (partial: interrupted by ",
+                                            InterruptSignalName(interrupted),
+                                            ", passed on to the processes)")
+                             : "")
         << "\n";
     table.Print(out);
     if (!freed.empty()) {

@@ -102,7 +102,8 @@ typedef TpuShim_Error* TpuShim_MemoryBuffer_Allocate_Fn(
  * BufferFromHostBuffer). Device memory: a transfer, as Transfer_ToDevice
  * with `semantics`. Host memories: with a zero-copy semantics the buffer
  * aliases `data` (unpinned_host always; pinned_host when the range lies
- * in the premapped region; outside it IMMUTABLE_ZERO_COPY copies and
+ * in the premapped region or in registered host memory (HostMemory_-
+ * Register); outside them IMMUTABLE_ZERO_COPY copies and
  * MUTABLE_ZERO_COPY is INVALID_ARGUMENT); other semantics copy. `event`
  * is ready once the bytes are in place; `aliased` says whether the buffer
  * is the caller's bytes. */

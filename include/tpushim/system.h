@@ -424,7 +424,8 @@ class TPUSHIM_EXPORT System {
   // TransferToDevice does with `semantics`. Host memories:
   //  * kImmutableZeroCopy / kMutableZeroCopy alias `data` (no copy) in
   //    unpinned_host always, in pinned_host when the range lies in memory
-  //    every device DMAs directly (the premapped region). Outside it,
+  //    every device DMAs directly (the premapped region, or a range
+  //    registered with RegisterHostMemory). Outside it,
   //    kImmutableZeroCopy copies into a new pinned_host buffer (PJRT lets a
   //    runtime copy) and kMutableZeroCopy is INVALID_ARGUMENT (a copy could
   //    not be written through `data`).

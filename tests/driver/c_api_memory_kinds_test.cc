@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "driver/c_api_internal.h"
 #include "env/os.h"
 #include "gmock/gmock.h"
@@ -57,9 +58,15 @@ class CApiMemoryKindsTest : public ::testing::Test {
   }
 
   TpuShim_System NewSystem(const char* region) {
+    // Each System of this process on chips of its own: two Systems never
+    // share a chip.
+    const std::string chips =
+        absl::StrCat(2 * next_chip_pair_, ",", 2 * next_chip_pair_ + 1);
+    ++next_chip_pair_;
     const TpuShim_Option options[] = {
         {"TPU_PREMAPPED_BUFFER_SIZE", region},
-        {"TPUSHIM_DEVICE", "sim://?devices=2&hbm=16M"},
+        {"TPUSHIM_DEVICE", "sim://?devices=16&hbm=16M"},
+        {"TPU_VISIBLE_CHIPS", chips.c_str()},
         {"TPU_LOG_DIR", "disabled"},
         {"TPU_STDERR_LOG_LEVEL", "3"},
         {"TPUSHIM_PREFAULT_THREADS", "1"}};
@@ -141,6 +148,7 @@ class CApiMemoryKindsTest : public ::testing::Test {
   const TpuShim_Api* api_ = nullptr;
   TpuShim_System system_{};
   std::vector<TpuShim_System> systems_;
+  int next_chip_pair_ = 0;
 };
 
 // Every new function: NULL args and a struct_size below its 1.4 size are

@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tpushim/c_api.h"
@@ -57,9 +58,15 @@ class CApiRegisteredTest : public ::testing::Test {
   }
 
   TpuShim_System Create(const char* region = "4194304") {
+    // Each System of this process on chips of its own: two Systems never
+    // share a chip.
+    const std::string chips =
+        absl::StrCat(2 * next_chip_pair_, ",", 2 * next_chip_pair_ + 1);
+    ++next_chip_pair_;
     const TpuShim_Option options[] = {
         {"TPU_PREMAPPED_BUFFER_SIZE", region},
-        {"TPUSHIM_DEVICE", "sim://?devices=2&hbm=16M"},
+        {"TPUSHIM_DEVICE", "sim://?devices=16&hbm=16M"},
+        {"TPU_VISIBLE_CHIPS", chips.c_str()},
         {"TPU_LOG_DIR", "disabled"},
         {"TPU_STDERR_LOG_LEVEL", "3"},
         {"TPUSHIM_PREFAULT_THREADS", "1"}};
@@ -151,6 +158,7 @@ class CApiRegisteredTest : public ::testing::Test {
 
   const TpuShim_Api* api_ = nullptr;
   std::vector<TpuShim_System> systems_;
+  int next_chip_pair_ = 0;
   TpuShim_System system_{};
   char* mem_ = nullptr;
 };

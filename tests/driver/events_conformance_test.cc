@@ -13,6 +13,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "driver/c_api_internal.h"
 #include "env/os.h"
 #include "gmock/gmock.h"
@@ -55,11 +56,17 @@ class EventsCApiTest : public ::testing::Test {
   }
 
   TpuShim_System NewSystem() {
-    const TpuShim_Option options[] = {{"TPU_PREMAPPED_BUFFER_SIZE", "8388608"},
-                                      {"TPUSHIM_DEVICE", "sim://?hbm=16M"},
-                                      {"TPU_LOG_DIR", "disabled"},
-                                      {"TPU_STDERR_LOG_LEVEL", "3"},
-                                      {"TPUSHIM_PREFAULT_THREADS", "1"}};
+    // Each System of this process on chips of its own: two Systems never
+    // share a chip.
+    const std::string chips = absl::StrCat(next_chip_pair_);
+    ++next_chip_pair_;
+    const TpuShim_Option options[] = {
+        {"TPU_PREMAPPED_BUFFER_SIZE", "8388608"},
+        {"TPUSHIM_DEVICE", "sim://?devices=16&hbm=16M"},
+        {"TPU_VISIBLE_CHIPS", chips.c_str()},
+        {"TPU_LOG_DIR", "disabled"},
+        {"TPU_STDERR_LOG_LEVEL", "3"},
+        {"TPUSHIM_PREFAULT_THREADS", "1"}};
     TpuShim_System_Create_Args a{};
     a.struct_size = TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE;
     a.options = options;
@@ -172,6 +179,7 @@ class EventsCApiTest : public ::testing::Test {
   const TpuShim_Api* api_ = nullptr;
   TpuShim_System system_{};
   std::vector<TpuShim_System> systems_;
+  int next_chip_pair_ = 0;
 };
 
 TEST_F(EventsCApiTest, TheTableHasTheEventsBlock) {

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
 #include "driver/system_internal.h"
@@ -406,7 +407,11 @@ TEST_F(MemoryKindsTest, FreeDuringACopyKeepsTheBytesUntilItIsDone) {
 
 TEST_F(MemoryKindsTest, BuffersOfAnotherSystemAreRejected) {
   Start();
-  auto other = SystemFactory::Create(Small(), &os_);
+  // Another System of this process, on chips of its own (chips 0 and 1
+  // are system_'s).
+  OptionOverrides o = Small(8 * kMiB, "sim://?devices=4&hbm=32M");
+  o.visible_chips = std::vector<int>{2, 3};
+  auto other = SystemFactory::Create(o, &os_);
   ASSERT_TRUE(other.ok());
   auto b = (*other)->AllocateInMemory(
       (*other)->memory_of_kind(MemoryKind::kUnpinnedHost), 64);
@@ -716,16 +721,24 @@ TEST_F(MemoryKindsTest, FreeAfterACopyIsDoneWhenItsEventIsReady) {
   std::vector<char> small(64);
   auto blocker = system_->TransferToDevice(small.data(), *dev, 0, 64);
   ASSERT_TRUE(blocker.ok());
-  absl::Notification started, release;
+  // Shared with the callback, which may still be leaving
+  // WaitForNotification after this test has returned; released however
+  // the test ends.
+  auto started = std::make_shared<absl::Notification>();
+  auto release = std::make_shared<absl::Notification>();
+  auto ran_inline = std::make_shared<std::atomic<bool>>(false);
+  absl::Cleanup let_go = [release] {
+    if (!release->HasBeenNotified()) release->Notify();
+  };
   const std::thread::id test_thread = std::this_thread::get_id();
-  bool ran_inline = false;
-  blocker->AddCallback([&](absl::Status) {
-    ran_inline = std::this_thread::get_id() == test_thread;
-    started.Notify();
-    if (!ran_inline) release.WaitForNotification();
-  });
-  started.WaitForNotification();
-  if (ran_inline) {
+  blocker->AddCallback(
+      [started, release, ran_inline, test_thread](absl::Status) {
+        *ran_inline = std::this_thread::get_id() == test_thread;
+        started->Notify();
+        if (!*ran_inline) release->WaitForNotification();
+      });
+  started->WaitForNotification();
+  if (*ran_inline) {
     GTEST_SKIP() << "the blocker was done before its callback was added";
   }
 
@@ -738,7 +751,6 @@ TEST_F(MemoryKindsTest, FreeAfterACopyIsDoneWhenItsEventIsReady) {
   EXPECT_TRUE(freed->Await().ok());
   EXPECT_EQ(system_->GetMemoryStats(unpinned())->bytes_in_use, 0u);
   EXPECT_EQ(system_->GetMemoryStats(unpinned())->buffers_live, 0u);
-  release.Notify();
 }
 
 // Threads copying through every kind and freeing at once: every byte

@@ -235,10 +235,10 @@ TEST_P(InterruptTest, Stress) {
 // Many processes: the signal reaches every stress process, each stops and
 // frees its chip, and none is left running.
 TEST_P(InterruptTest, StressProcesses) {
-  const Interrupted r = RunAndInterrupt(
-      {"stress", "--processes", "2", "--kills", "0", "--seconds", "60",
-       "--json"},
-      Env(), signal(), absl::Milliseconds(2500));
+  const Interrupted r =
+      RunAndInterrupt({"stress", "--processes", "2", "--kills", "0",
+                       "--seconds", "60", "--json"},
+                      Env(), signal(), absl::Milliseconds(2500));
   ExpectEndedBySignal(r);
   const Json j = Json::parse(r.out, nullptr, false);
   ASSERT_FALSE(j.is_discarded()) << r.out;
