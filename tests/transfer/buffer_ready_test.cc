@@ -23,7 +23,6 @@ using ::testing::HasSubstr;
 using testutil::TransferRig;
 
 constexpr uint64_t kKiB = uint64_t{1} << 10;
-constexpr uint64_t kMiB = uint64_t{1} << 20;
 
 std::unique_ptr<TransferRig> MakeRig(TransferRig::Params params = {}) {
   absl::StatusOr<std::unique_ptr<TransferRig>> rig =

@@ -32,10 +32,9 @@ using testutil::TransferRig;
 
 constexpr uint64_t kKiB = uint64_t{1} << 10;
 constexpr uint64_t kMiB = uint64_t{1} << 20;
-// A link so slow that a transfer's DMA outlasts any test step.
-constexpr char kSlowLink[] = "sim://?hbm=64M&link_gbps=0.001";
-// ... and no descriptor completes within 10 seconds of its submission,
-// whatever its size (latency 10 s on top of the link time).
+// A link so slow that a transfer's DMA outlasts any test step: no
+// descriptor completes within 10 seconds of its submission, whatever its
+// size (latency 10 s on top of the link time).
 constexpr char kNoCompletionFor10s[] =
     "sim://?hbm=64M&link_gbps=0.001&latency_us=10000000";
 
