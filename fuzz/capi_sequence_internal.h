@@ -111,6 +111,9 @@ struct SystemModel {
   uint64_t threshold = 0;  // 0 with the region off
   bool faults = false;     // a TPUSHIM_FAULTS spec is in force
   uint64_t last_callbacks_run = 0;
+  // Which chips of the simulated host it owns: a System owns its chips,
+  // so two live Systems of the program use different ones.
+  int chip_slot = 0;
 };
 
 struct Operation;

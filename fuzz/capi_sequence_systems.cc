@@ -9,6 +9,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "fuzz/capi_sequence_internal.h"
 #include "fuzz/fuzz_check.h"
 #include "tpushim/c_api.h"
@@ -17,6 +18,9 @@ namespace tpushim::fuzz::capi_sequence_internal {
 namespace {
 
 constexpr size_t kMaxLiveSystems = 2;
+// Chips per System at most; live System i owns host chips from
+// i * kChipsPerSlot.
+constexpr int kChipsPerSlot = 3;
 
 }  // namespace
 
@@ -58,8 +62,25 @@ void Program::CreateSystem() {
                     : threshold == 0  ? model.region
                                       : std::min(threshold, model.region);
   model.faults = !faults.empty();
-  const std::string device = absl::StrCat("sim://?devices=", model.devices,
-                                          "&hbm=", model.hbm / kMiB, "M", link);
+  // The first chip slot no live System owns.
+  for (int slot = 0; slot < static_cast<int>(kMaxLiveSystems); ++slot) {
+    bool taken = false;
+    for (const auto& [other, m] : systems_) {
+      if (IsLive(other, Kind::kSystem) && m.chip_slot == slot) taken = true;
+    }
+    if (!taken) {
+      model.chip_slot = slot;
+      break;
+    }
+  }
+  std::vector<std::string> chip_list;
+  for (int d = 0; d < model.devices; ++d) {
+    chip_list.push_back(absl::StrCat(model.chip_slot * kChipsPerSlot + d));
+  }
+  const std::string chips = absl::StrJoin(chip_list, ",");
+  const std::string device =
+      absl::StrCat("sim://?devices=", kMaxLiveSystems * kChipsPerSlot,
+                   "&hbm=", model.hbm / kMiB, "M", link);
   std::vector<std::pair<std::string, const char*>> options;
   const std::string region = absl::StrCat(model.region);
   const std::string threshold_text = absl::StrCat(threshold);
@@ -69,6 +90,7 @@ void Program::CreateSystem() {
                          threshold_text.c_str());
   }
   options.emplace_back("TPUSHIM_DEVICE", device.c_str());
+  options.emplace_back("TPU_VISIBLE_CHIPS", chips.c_str());
   options.emplace_back("TPUSHIM_PREFAULT_THREADS", "1");
   options.emplace_back("TPUSHIM_HUGEPAGES", "off");
   if (!faults.empty()) options.emplace_back("TPUSHIM_FAULTS", faults.c_str());
@@ -317,8 +339,7 @@ void Program::AllocateDevice() {
                          "Error allocating device buffer: Attempting to "
                          "allocate ") &&
         absl::StrContains(first, "That was not possible. There are ") &&
-        absl::EndsWith(first, "_HBM0)") &&
-        newline != absl::string_view::npos &&
+        absl::EndsWith(first, "_HBM0)") && newline != absl::string_view::npos &&
         absl::StartsWith(message.substr(newline + 1),
                          "Ran out of memory in memory space hbm. ") &&
         absl::StrContains(message, "Allocation type: failed request"))

@@ -72,7 +72,7 @@ namespace {
 
 // The settings in the order of docs/configuration.md's table, which
 // DescribeOptions keeps.
-constexpr std::array<absl::string_view, 18> kVariables = {
+constexpr std::array<absl::string_view, 22> kVariables = {
     "TPU_PREMAPPED_BUFFER_SIZE",
     "TPU_PREMAPPED_BUFFER_TRANSFER_THRESHOLD_BYTES",
     "TPU_LOG_DIR",
@@ -90,8 +90,26 @@ constexpr std::array<absl::string_view, 18> kVariables = {
     "TPUSHIM_TRACE_FILE",
     "TPUSHIM_PREMAP",
     "TPUSHIM_MEMORY_PROFILE",
+    "TPU_VISIBLE_CHIPS",
+    "TPU_CHIPS_PER_PROCESS_BOUNDS",
+    "TPU_PROCESS_BOUNDS",
     "TPUSHIM_DUMP_ON_OOM",
+    "TPUSHIM_RUN_DIR",
 };
+// Variables that mean the same as a setting's own (its row is named after
+// the setting's).
+constexpr std::array<std::pair<absl::string_view, absl::string_view>, 3>
+    kAliases = {{
+        {"TPU_VISIBLE_CHIPS", "TPU_VISIBLE_DEVICES"},
+        {"TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_CHIPS_PER_HOST_BOUNDS"},
+        {"TPU_PROCESS_BOUNDS", "TPU_HOST_BOUNDS"},
+    }};
+// Settings whose validity depends on others (the chips a process uses
+// depend on the device URL): alone, their API form checks only the text.
+bool DependsOnOtherSettings(absl::string_view variable) {
+  return variable == "TPU_VISIBLE_CHIPS" ||
+         variable == "TPU_CHIPS_PER_PROCESS_BOUNDS";
+}
 constexpr absl::string_view kSizeVariable = kVariables[0];
 constexpr absl::string_view kThresholdVariable = kVariables[1];
 constexpr absl::string_view kInitArgsVariable = "LIBTPU_INIT_ARGS";
@@ -139,12 +157,13 @@ absl::StatusOr<Options> Resolve(const Environment& env,
 
 // Every field, for comparing two OptionOverrides.
 auto Fields(const OptionOverrides& o) {
-  return std::tie(o.premapped_buffer_size,
-                  o.premapped_buffer_transfer_threshold_bytes, o.log_dir,
-                  o.min_log_level, o.stderr_log_level, o.vmodule,
-                  o.max_log_size_mb, o.log_keep, o.device, o.hugepages,
-                  o.prefault_threads, o.numa_node, o.mlock, o.faults,
-                  o.trace_file, o.dump_on_oom, o.memory_profile, o.premap);
+  return std::tie(
+      o.premapped_buffer_size, o.premapped_buffer_transfer_threshold_bytes,
+      o.log_dir, o.min_log_level, o.stderr_log_level, o.vmodule,
+      o.max_log_size_mb, o.log_keep, o.device, o.hugepages, o.prefault_threads,
+      o.numa_node, o.mlock, o.faults, o.trace_file, o.dump_on_oom,
+      o.memory_profile, o.premap, o.visible_chips, o.chips_per_process_bounds,
+      o.process_bounds, o.run_dir);
 }
 
 // The whole outcome of a resolution as text, for comparing two of them.
@@ -508,7 +527,11 @@ void CheckSources(const Input& input, const std::vector<OptionRow>& rows,
     const OptionRow& row = rows[i];
     TPUSHIM_FUZZ_CHECK(row.name == kVariables[i]) << row.name;
     const bool from_api = api.count(row.name) > 0;
-    const bool from_env = input.env.count(row.name) > 0;
+    bool from_env = input.env.count(row.name) > 0;
+    for (const auto& [variable, alias] : kAliases) {
+      if (row.name == variable)
+        from_env |= input.env.count(std::string(alias)) > 0;
+    }
     const bool has_flag =
         row.name == kSizeVariable || row.name == kThresholdVariable;
     if (row.name == kThresholdVariable && region_off) {
@@ -578,7 +601,9 @@ void CheckRejected(const Input& input, const absl::Status& status) {
   TPUSHIM_FUZZ_CHECK(absl::IsInvalidArgument(status)) << status;
   const absl::string_view message = status.message();
   bool names_culprit = false;
-  for (absl::string_view variable : kVariables) {
+  std::vector<absl::string_view> names(kVariables.begin(), kVariables.end());
+  for (const auto& alias : kAliases) names.push_back(alias.second);
+  for (absl::string_view variable : names) {
     const auto it = input.env.find(std::string(variable));
     if (it != input.env.end() &&
         absl::StartsWith(message,
@@ -622,7 +647,7 @@ void FuzzOneInput(absl::string_view data) {
   values.insert(values.end(), input.env.begin(), input.env.end());
   for (const auto& [name, value] : values) {
     if (!IsVariable(name)) continue;
-    CheckApiMatchesEnvironment(name, value);
+    if (!DependsOnOtherSettings(name)) CheckApiMatchesEnvironment(name, value);
     if (name == "TPUSHIM_DEVICE") CheckDeviceUrl(value);
     if (name == "TPUSHIM_FAULTS") CheckFaultSpec(value);
   }
