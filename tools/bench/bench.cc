@@ -778,10 +778,7 @@ void RunBench(const BenchFlags& flags, CommandContext& context) {
       {}, [display](const StartupProgress& p) { (*display)(p); },
       StartupProgressUntil::kPremapped);
   if (!system.ok()) {
-    const bool invalid = absl::IsInvalidArgument(system.status());
-    ReportError(system.status(),
-                invalid ? "invalid configuration" : "cannot start the runtime",
-                flags.json, invalid ? kExitUsage : kExitFailure, context);
+    ReportStartupError(system.status(), flags.json, context);
     return;
   }
   System& s = **system;

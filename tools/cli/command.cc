@@ -26,4 +26,12 @@ void ReportError(const absl::Status& status, absl::string_view what, bool json,
   context.exit_code = exit_code;
 }
 
+void ReportStartupError(const absl::Status& status, bool json,
+                        CommandContext& context) {
+  const bool invalid = absl::IsInvalidArgument(status);
+  ReportError(status,
+              invalid ? "invalid configuration" : "cannot start the runtime",
+              json, invalid ? kExitUsage : kExitFailure, context);
+}
+
 }  // namespace tpushim::tools

@@ -60,6 +60,14 @@ void WriteJson(const nlohmann::ordered_json& value, std::ostream& out);
 void ReportError(const absl::Status& status, absl::string_view what, bool json,
                  int exit_code, CommandContext& context);
 
+// Reports a runtime that did not start (System::Create failed) through
+// ReportError: INVALID_ARGUMENT is the configuration's fault ("invalid
+// configuration", kExitUsage), any other code "cannot start the runtime"
+// (kExitFailure).
+// REQUIRES: !status.ok().
+void ReportStartupError(const absl::Status& status, bool json,
+                        CommandContext& context);
+
 // A CLI11 validator that runs `parse` (text -> absl::StatusOr<T>) on the
 // option's text and rejects it with the status message. `what` names the
 // option's type in --help ("SIZES").

@@ -165,10 +165,7 @@ void RunDemo(const DemoFlags& flags, CommandContext& context) {
       overrides, [display](const StartupProgress& p) { (*display)(p); },
       StartupProgressUntil::kPremapped);
   if (!system.ok()) {
-    const bool invalid = absl::IsInvalidArgument(system.status());
-    ReportError(system.status(),
-                invalid ? "invalid configuration" : "cannot start the runtime",
-                flags.json, invalid ? kExitUsage : kExitFailure, context);
+    ReportStartupError(system.status(), flags.json, context);
     return;
   }
   config.devices = (*system)->device_count();
