@@ -27,11 +27,12 @@ void ThrowStatus(const absl::Status& status) {
 
 std::optional<absl::Status> WaitInterruptibly(const tpushim::Event& event,
                                               std::optional<double> timeout) {
-  if (event.IsReady()) return event.Await();
-  if (timeout.has_value() && *timeout < 0) {
-    throw py::value_error("timeout=" + std::to_string(*timeout) +
-                          ": must be >= 0 seconds, or None to wait for good");
+  if (timeout.has_value() && !(*timeout >= 0)) {
+    throw py::value_error(
+        "timeout=" + py::repr(py::float_(*timeout)).cast<std::string>() +
+        ": must be >= 0 seconds, or None to wait for good");
   }
+  if (event.IsReady()) return event.Await();
   const absl::Time deadline = timeout.has_value()
                                   ? absl::Now() + absl::Seconds(*timeout)
                                   : absl::InfiniteFuture();
