@@ -5,9 +5,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
-
-import pytest
 
 CHILD = r"""
 import os, sys, time
@@ -60,6 +59,9 @@ def test_ctrl_c_interrupts_waits_and_leaves_the_runtime_usable(
         [sys.executable, "-c", CHILD, str(run_dir)], env=subprocess_env,
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     latencies = []
+    # A wait Ctrl-C cannot interrupt would hang the readline below.
+    watchdog = threading.Timer(60, child.kill)
+    watchdog.start()
     try:
         for what in ("wait", "result", "device_get", "block_until_ready"):
             line = child.stdout.readline()
@@ -73,6 +75,7 @@ def test_ctrl_c_interrupts_waits_and_leaves_the_runtime_usable(
         assert child.stdout.readline().strip() == "usable"
         assert child.wait(timeout=60) == 0, child.stderr.read()
     finally:
+        watchdog.cancel()
         if child.poll() is None:
             child.kill()
             child.wait()
