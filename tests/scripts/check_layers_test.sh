@@ -9,7 +9,7 @@ trap 'rm -rf "$work"' EXIT
 
 bash "$script" "$checkout"
 
-mkdir -p "$work"/{common,device,transfer,driver,tools,bench,tests,include/tpushim}
+mkdir -p "$work"/{common,device,transfer,driver,tools,bench,tests,include/tpushim,python/src}
 mkdir -p "$work"/tools/{cli,main,demo,stress}
 cat >"$work/device/sim.cc" <<'SRC'
 #include "common/mutex.h"
@@ -44,6 +44,11 @@ cat >"$work/tools/main/cli.cc" <<'SRC'
 #include "tools/demo/demo.h"
 #include "tools/stress/stress.h"
 SRC
+cat >"$work/python/src/m.cc" <<'SRC'
+#include "tpushim/system.h"
+#include "driver/system_internal.h"
+#include "tools/cli/flags.h"
+SRC
 cat >"$work/include/tpushim/stats.h" <<'SRC'
 #include "tpushim/transfer.h"
 #include "tpushim/c_api.h"
@@ -62,6 +67,7 @@ expect=(
   'tools/stress/worker.cc:3: includes "tools/demo/pipeline.h": tools/stress may include only its own folder and tools/cli'
   'tools/stress/worker.cc:4: includes "tools/main/cli.h": tools/stress may include only its own folder and tools/cli'
   'tools/cli/flags.cc:2: includes "tools/stress/stress.h": tools/cli is the plumbing under every subcommand and includes only itself'
+  'python/src/m.cc:3: includes "tools/cli/flags.h": the top folders python and tools do not include each other'
 )
 for line in "${expect[@]}"; do
   if ! grep -qF "$line" <<<"$out"; then
