@@ -55,6 +55,7 @@ mutations=(
   'bounce-routing :: transfer/engine_queues.cc :: if (bounce_ != nullptr && size > 0 && :: if (false && size > 0 && :: bounce_pool_test :: *SmallTransfers*:*ManyThreads* :: with the region off, small transfers go through the bounce pool instead of pinning'
   'pinned-host-from-heap :: driver/memory_spaces.cc :: if (memory == pinned_host_id()) {\n    absl::StatusOr<PinnedHostBuffer> p :: if (false) {\n    absl::StatusOr<PinnedHostBuffer> p :: memory_kinds_test :: *OneZeroCopyDma* :: a device to pinned_host copy is one DMA straight into region memory, never staged'
   'host-released-at-dma-end :: transfer/engine_staging.cc :: ReleaseHost(op, i < n ? op.Error() : absl::OkStatus()); :: op.host_released.Notify(); :: transfer_events_test :: *StagedHostReleased*:*IsNeverLater* :: on the staged path host_released resolves when the last byte is in staging, before the DMA ends'
+  'identity-array-in-place :: transfer/engine_queues.cc :: ClassifyHostRange(host, peek->size) != HostRange::kPageable) { :: ClassifyHostRange(host, peek->size) == HostRange::kRegistered) { :: host_registration_test :: *ArraysInThePremappedRegion* :: an array whose device image is the dense array moves in place from the premapped region'
   'registered-range :: transfer/engine_queues.cc :: if (FindRegistrationLocked(host, size) != nullptr) { :: if (false) { :: host_registration_test :: *ZeroCopyWhateverTheSize*:*RegionOff*:*ArrayTransfers* :: transfers inside registered host memory are zero-copy whatever their size'
 )
 
