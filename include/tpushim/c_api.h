@@ -912,6 +912,9 @@ typedef struct TpuShim_Api {
   TPUSHIM_API_FN(HostMemory_Unregister);
   /* 1.4: chips */
   TPUSHIM_API_FN(Chips_List);
+  /* 1.4: memory-buffer readiness and aborted chunked transfers */
+  TPUSHIM_API_FN(MemoryBuffer_ReadyEvent);
+  TPUSHIM_API_FN(Transfer_AbortChunked);
 } TpuShim_Api;
 
 #undef TPUSHIM_API_FN
