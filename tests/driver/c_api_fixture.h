@@ -108,6 +108,20 @@ class CApiFixture : public ::testing::Test {
     return r;
   }
 
+  // Frees memory buffer `b` of `s`; on success awaits (and destroys) the
+  // free's event, expecting OK.
+  Result FreeMemoryBuffer(TpuShim_System s, TpuShim_MemoryBuffer b) {
+    TpuShim_MemoryBuffer_Free_Args a{};
+    a.struct_size = TPUSHIM_MEMORYBUFFER_FREE_ARGS_STRUCT_SIZE;
+    a.system = s;
+    a.buffer = b;
+    const Result r = Take(api_->MemoryBuffer_Free(&a));
+    if (r.ok()) {
+      EXPECT_TRUE(AwaitAndDestroy(a.event).ok());
+    }
+    return r;
+  }
+
   bool IsReady(TpuShim_Event e) {
     TpuShim_Event_IsReady_Args a{};
     a.struct_size = TPUSHIM_EVENT_ISREADY_ARGS_STRUCT_SIZE;

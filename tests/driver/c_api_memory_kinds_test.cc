@@ -70,17 +70,7 @@ class CApiMemoryKindsTest : public testutil::CApiFixture {
     }
     return r;
   }
-  Result Free(TpuShim_MemoryBuffer b) {
-    TpuShim_MemoryBuffer_Free_Args a{};
-    a.struct_size = TPUSHIM_MEMORYBUFFER_FREE_ARGS_STRUCT_SIZE;
-    a.system = system_;
-    a.buffer = b;
-    const Result r = Take(api_->MemoryBuffer_Free(&a));
-    if (r.ok()) {
-      EXPECT_TRUE(AwaitAndDestroy(a.event).ok());
-    }
-    return r;
-  }
+  Result Free(TpuShim_MemoryBuffer b) { return FreeMemoryBuffer(system_, b); }
   Result Stats(int memory, TpuShim_System_GetMemoryStats_Args* out) {
     *out = {};
     out->struct_size = TPUSHIM_SYSTEM_GETMEMORYSTATS_ARGS_STRUCT_SIZE;

@@ -69,17 +69,7 @@ class CApiMemoryViewsTest : public testutil::CApiFixture {
     EXPECT_TRUE(r.ok()) << r.message;
     return info.device_buffer;
   }
-  Result Free(TpuShim_MemoryBuffer b) {
-    TpuShim_MemoryBuffer_Free_Args a{};
-    a.struct_size = TPUSHIM_MEMORYBUFFER_FREE_ARGS_STRUCT_SIZE;
-    a.system = system_;
-    a.buffer = b;
-    const Result r = Take(api_->MemoryBuffer_Free(&a));
-    if (r.ok()) {
-      EXPECT_TRUE(AwaitAndDestroy(a.event).ok());
-    }
-    return r;
-  }
+  Result Free(TpuShim_MemoryBuffer b) { return FreeMemoryBuffer(system_, b); }
   Result ToDevice(const void* src, TpuShim_DeviceBuffer dst, uint64_t size,
                   const TpuShim_Event* wait_for = nullptr,
                   size_t num_wait_for = 0) {

@@ -351,7 +351,7 @@ TEST(ChunkedTransferTest, AbortFailsTheReadyEventNamingTheMissingBytes) {
   // Bounded, so that a ready event that never resolves fails the test
   // instead of hanging it (a guard, not a timing claim).
   const std::optional<absl::Status> got =
-      ready->AwaitWithTimeout(absl::Seconds(60));
+      ready->AwaitWithTimeout(absl::Seconds(30));
   ASSERT_TRUE(got.has_value()) << "the ready event never resolved";
   const absl::Status s = *got;
   EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
