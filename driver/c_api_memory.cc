@@ -182,8 +182,12 @@ TpuShim_Error* MemoryBufferFromHost(TpuShim_MemoryBuffer_FromHost_Args* args) {
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
     // Every handle first, so that a full table refuses before the buffer.
     TPUSHIM_ASSIGN_OR_RETURN(EventReservation ready, tables().events.Reserve());
-    TPUSHIM_ASSIGN_OR_RETURN(EventReservation released,
-                             tables().events.Reserve());
+    std::optional<EventReservation> released;
+    if (has_released) {
+      TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot,
+                               tables().events.Reserve());
+      released.emplace(std::move(slot));
+    }
     TPUSHIM_ASSIGN_OR_RETURN(BufferSlots slots,
                              ReserveBuffer(call, args->memory));
     TPUSHIM_ASSIGN_OR_RETURN(
@@ -196,8 +200,8 @@ TpuShim_Error* MemoryBufferFromHost(TpuShim_MemoryBuffer_FromHost_Args* args) {
     args->buffer.id = FillBuffer(std::move(slots), call, made.buffer);
     args->event.id =
         std::move(ready).Fill(EventEntry{call.id(), std::move(made.event)});
-    if (has_released) {
-      args->host_released.id = std::move(released).Fill(
+    if (released.has_value()) {
+      args->host_released.id = std::move(*released).Fill(
           EventEntry{call.id(), std::move(made.host_released)});
     }
     return absl::OkStatus();
