@@ -56,8 +56,9 @@
  *
  *  - Ownership. Handles returned in out fields belong to the caller:
  *    systems are destroyed with System_Destroy, host buffers freed with
- *    HostBuffer_Free, device buffers with DeviceBuffer_Deallocate, events
- *    with Event_Destroy. Destroying a system also invalidates every buffer
+ *    HostBuffer_Free, device buffers with DeviceBuffer_Deallocate (except
+ *    the one MemoryBuffer_GetInfo lends, which goes with its memory
+ *    buffer), events with Event_Destroy. Destroying a system also invalidates every buffer
  *    handle of that system; its event handles stay valid (and are ready).
  *
  *  - Pointers. A NULL pointer where one is required is INVALID_ARGUMENT.
