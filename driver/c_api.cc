@@ -419,9 +419,17 @@ TpuShim_Error* DeviceBufferDeallocate(
               DeviceBufferEntry entry,
               tables().device_buffers.Take(
                   args->buffer.id, [&](const DeviceBufferEntry& e) {
-                    return e.system_id == call.id()
-                               ? absl::OkStatus()
-                               : Foreign(Kind::kDeviceBuffer, args->buffer.id);
+                    if (e.system_id != call.id()) {
+                      return Foreign(Kind::kDeviceBuffer, args->buffer.id);
+                    }
+                    if (e.borrowed) {
+                      return InvalidHandle(
+                          Kind::kDeviceBuffer, args->buffer.id,
+                          "it is borrowed from a TpuShim_MemoryBuffer "
+                          "(MemoryBuffer_GetInfo); free that with "
+                          "MemoryBuffer_Free (DeviceBuffer_Deallocate)");
+                    }
+                    return absl::OkStatus();
                   }));
           return call.system().Deallocate(entry.buffer, wait_for);
         });
@@ -435,32 +443,17 @@ TpuShim_Error* TransferToDevice(TpuShim_Transfer_ToDevice_Args* args) {
     constexpr absl::string_view kFunction = "Transfer_ToDevice";
     TPUSHIM_CHECK_ARGS(args, kFunction,
                        TPUSHIM_TRANSFER_TODEVICE_ARGS_STRUCT_SIZE);
-    if (args->src == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kFunction, ": args->src is NULL"));
-    }
-    TPUSHIM_RETURN_IF_ERROR(CheckTransferSize(args->size, kFunction));
-    TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
-                             ToSemantics(args->semantics, kFunction));
-    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
-    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer dst,
-                             GetDeviceBuffer(call, args->dst));
-    TPUSHIM_ASSIGN_OR_RETURN(
-        std::vector<Event> wait_for,
-        GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    if (args->struct_size >= TPUSHIM_STRUCT_SIZE(
-                                 TpuShim_Transfer_ToDevice_Args, host_released)) {
-      return SubmitWithEvents(
-          call.id(), &args->event, &args->host_released, [&] {
-            return call.system().TransferToDeviceWithEvents(
-                args->src, dst, args->dst_offset, args->size, wait_for,
-                semantics);
-          });
-    }
-    return SubmitWithEvent(call.id(), &args->event, [&] {
-      return call.system().TransferToDevice(args->src, dst, args->dst_offset,
-                                            args->size, wait_for, semantics);
-    });
+    TPUSHIM_ASSIGN_OR_RETURN(ToDeviceCall t, EnterToDevice(*args, kFunction));
+    // host_released only when the caller's struct has room for it.
+    const bool has_released =
+        args->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_Transfer_ToDevice_Args, host_released);
+    return SubmitWithEvents(t.call.id(), &args->event,
+                            has_released ? &args->host_released : nullptr, [&] {
+                              return t.call.system().TransferToDeviceWithEvents(
+                                  args->src, t.dst, args->dst_offset,
+                                  args->size, t.wait_for, t.semantics);
+                            });
   });
 }
 
@@ -690,6 +683,8 @@ constexpr TpuShim_Api kApi = {
     .HostMemory_Register = HostMemoryRegister,
     .HostMemory_Unregister = HostMemoryUnregister,
     .Chips_List = ChipsList,
+    .MemoryBuffer_ReadyEvent = MemoryBufferReadyEvent,
+    .Transfer_AbortChunked = TransferAbortChunked,
 };
 
 }  // namespace

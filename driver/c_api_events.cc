@@ -91,24 +91,38 @@ TpuShim_Error* TransferChunk(TpuShim_Transfer_Chunk_Args* args) {
     constexpr absl::string_view kFunction = "Transfer_Chunk";
     TPUSHIM_CHECK_ARGS(args, kFunction,
                        TPUSHIM_TRANSFER_CHUNK_ARGS_STRUCT_SIZE);
-    if (args->src == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(kFunction, ": args->src is NULL"));
+    TPUSHIM_ASSIGN_OR_RETURN(ToDeviceCall t, EnterToDevice(*args, kFunction));
+    return SubmitWithEvents(
+        t.call.id(), &args->event, &args->host_released, [&] {
+          return t.call.system().TransferChunk(
+              args->src, t.dst, args->dst_offset, args->size,
+              args->is_last != 0, t.wait_for, t.semantics);
+        });
+  });
+}
+
+TpuShim_Error* TransferAbortChunked(TpuShim_Transfer_AbortChunked_Args* args) {
+  return Guard([&]() -> absl::Status {
+    constexpr absl::string_view kFunction = "Transfer_AbortChunked";
+    TPUSHIM_CHECK_ARGS(args, kFunction,
+                       TPUSHIM_TRANSFER_ABORTCHUNKED_ARGS_STRUCT_SIZE);
+    if (args->code < 1 || args->code > 16) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          kFunction, ": args->code ", args->code,
+          " is not an error code (1 to 16; TPUSHIM_CODE_ABORTED is ",
+          TPUSHIM_CODE_ABORTED, ")"));
     }
-    TPUSHIM_RETURN_IF_ERROR(CheckTransferSize(args->size, kFunction));
-    TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
-                             ToSemantics(args->semantics, kFunction));
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
-    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer dst,
-                             GetDeviceBuffer(call, args->dst));
-    TPUSHIM_ASSIGN_OR_RETURN(
-        std::vector<Event> wait_for,
-        GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
-    return SubmitWithEvents(call.id(), &args->event, &args->host_released, [&] {
-      return call.system().TransferChunk(args->src, dst, args->dst_offset,
-                                         args->size, args->is_last != 0,
-                                         wait_for, semantics);
-    });
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer buffer,
+                             GetDeviceBuffer(call, args->buffer));
+    absl::Status aborted = call.system().AbortChunkedTransfer(
+        buffer, absl::Status(static_cast<absl::StatusCode>(args->code),
+                             args->message == nullptr ? "" : args->message));
+    if (!aborted.ok()) {
+      return absl::Status(aborted.code(),
+                          absl::StrCat(kFunction, ": ", aborted.message()));
+    }
+    return absl::OkStatus();
   });
 }
 

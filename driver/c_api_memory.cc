@@ -4,9 +4,11 @@
 // and handles, call C++, convert the status).
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 #include <vector>
 
+#include "device/xla_shape.h"
 #include "driver/c_api_support.h"
 
 namespace tpushim::capi_internal {
@@ -24,34 +26,52 @@ int32_t ToC(MemoryKind kind) {
   return -1;
 }
 
-absl::StatusOr<MemoryBuffer> GetMemoryBuffer(const SystemCall& call,
-                                             TpuShim_MemoryBuffer handle) {
+absl::StatusOr<MemoryBufferEntry> GetEntry(const SystemCall& call,
+                                           TpuShim_MemoryBuffer handle) {
   TPUSHIM_ASSIGN_OR_RETURN(MemoryBufferEntry entry,
                            tables().memory_buffers.Get(handle.id));
   if (entry.system_id != call.id()) {
     return Foreign(Kind::kMemoryBuffer, handle.id);
   }
+  return entry;
+}
+
+absl::StatusOr<MemoryBuffer> GetMemoryBuffer(const SystemCall& call,
+                                             TpuShim_MemoryBuffer handle) {
+  TPUSHIM_ASSIGN_OR_RETURN(MemoryBufferEntry entry, GetEntry(call, handle));
   return std::move(entry.buffer);
 }
 
-// A handle for `buffer`; on a full table the buffer is freed again.
-absl::StatusOr<uint64_t> InsertBuffer(const SystemCall& call,
-                                      const MemoryBuffer& buffer) {
-  absl::StatusOr<uint64_t> id =
-      tables().memory_buffers.Insert(MemoryBufferEntry{call.id(), buffer});
-  if (!id.ok()) (void)call.system().Free(buffer);
-  return id;
+// The handles a new buffer gets, reserved before it is made (a full table
+// refuses the call first): its TpuShim_MemoryBuffer and, in device memory,
+// the borrowed TpuShim_DeviceBuffer (MemoryBuffer_GetInfo).
+struct BufferSlots {
+  HandleTable<MemoryBufferEntry>::Reservation buffer;
+  std::optional<HandleTable<DeviceBufferEntry>::Reservation> device;
+};
+
+absl::StatusOr<BufferSlots> ReserveBuffer(const SystemCall& call, int memory) {
+  TPUSHIM_ASSIGN_OR_RETURN(auto buffer, tables().memory_buffers.Reserve());
+  BufferSlots slots{std::move(buffer), std::nullopt};
+  if (memory >= 0 && memory < call.system().device_count()) {
+    TPUSHIM_ASSIGN_OR_RETURN(auto device, tables().device_buffers.Reserve());
+    slots.device.emplace(std::move(device));
+  }
+  return slots;
 }
 
-// A buffer with its event: both handles, or neither.
-absl::Status OutBufferAndEvent(const SystemCall& call, const MemoryCopy& made,
-                               TpuShim_MemoryBuffer* buffer,
-                               TpuShim_Event* event) {
-  TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot, tables().events.Reserve());
-  TPUSHIM_ASSIGN_OR_RETURN(uint64_t id, InsertBuffer(call, made.buffer));
-  buffer->id = id;
-  event->id = std::move(slot).Fill(EventEntry{call.id(), made.event});
-  return absl::OkStatus();
+// Fills the slots with `buffer` and returns its TpuShim_MemoryBuffer id.
+uint64_t FillBuffer(BufferSlots slots, const SystemCall& call,
+                    const MemoryBuffer& buffer) {
+  uint64_t device_handle = 0;
+  if (buffer.kind() == MemoryKind::kDevice && slots.device.has_value()) {
+    device_handle =
+        std::move(*slots.device)
+            .Fill(DeviceBufferEntry{call.id(), buffer.device_buffer(),
+                                    /*borrowed=*/true});
+  }
+  return std::move(slots.buffer)
+      .Fill(MemoryBufferEntry{call.id(), buffer, device_handle});
 }
 
 }  // namespace
@@ -101,6 +121,8 @@ TpuShim_Error* MemoryBufferAllocate(TpuShim_MemoryBuffer_Allocate_Args* args) {
     TPUSHIM_CHECK_ARGS(args, "MemoryBuffer_Allocate",
                        TPUSHIM_MEMORYBUFFER_ALLOCATE_ARGS_STRUCT_SIZE);
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(BufferSlots slots,
+                             ReserveBuffer(call, args->memory));
     absl::StatusOr<MemoryBuffer> buffer;
     if (args->shape == nullptr) {
       buffer = call.system().AllocateInMemory(args->memory, args->size);
@@ -112,7 +134,7 @@ TpuShim_Error* MemoryBufferAllocate(TpuShim_MemoryBuffer_Allocate_Args* args) {
       buffer = call.system().AllocateInMemory(args->memory, spec);
     }
     if (!buffer.ok()) return buffer.status();
-    TPUSHIM_ASSIGN_OR_RETURN(args->buffer.id, InsertBuffer(call, *buffer));
+    args->buffer.id = FillBuffer(std::move(slots), call, *buffer);
     return absl::OkStatus();
   });
 }
@@ -126,20 +148,62 @@ TpuShim_Error* MemoryBufferFromHost(TpuShim_MemoryBuffer_FromHost_Args* args) {
       return absl::InvalidArgumentError(
           absl::StrCat(kFunction, ": args->data is NULL"));
     }
+    const bool has_released =
+        args->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_FromHost_Args, host_released);
+    const char* const shape =
+        args->struct_size >=
+                TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_FromHost_Args, shape)
+            ? args->shape
+            : nullptr;
+    const char* const label =
+        args->struct_size >=
+                TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_FromHost_Args, label)
+            ? args->label
+            : nullptr;
     TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
                              ToSemantics(args->semantics, kFunction));
-    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
-    TPUSHIM_ASSIGN_OR_RETURN(
-        MemoryCopy made, call.system().CreateMemoryBuffer(
-                             args->data, args->size, args->memory, semantics));
-    absl::Status out =
-        OutBufferAndEvent(call, made, &args->buffer, &args->event);
-    if (!out.ok()) {
-      (void)made.event.Await();
-      (void)call.system().Free(made.buffer);
-      return out;
+    DeviceBufferSpec spec;
+    if (shape != nullptr) {
+      // `size` is the dense array's length: checked before anything is made.
+      absl::StatusOr<ArrayShape> array = ParseArrayShape(shape);
+      if (!array.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kFunction, ": args->shape: ", array.status().message()));
+      }
+      if (HostBytes(*array) != args->size) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            kFunction, ": args->size is ", args->size, " but the dense array ",
+            shape, " is ", HostBytes(*array), " bytes"));
+      }
+      spec.shape = shape;
+      if (label != nullptr) spec.label = label;
     }
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    // Every handle first, so that a full table refuses before the buffer.
+    TPUSHIM_ASSIGN_OR_RETURN(EventReservation ready, tables().events.Reserve());
+    std::optional<EventReservation> released;
+    if (has_released) {
+      TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot,
+                               tables().events.Reserve());
+      released.emplace(std::move(slot));
+    }
+    TPUSHIM_ASSIGN_OR_RETURN(BufferSlots slots,
+                             ReserveBuffer(call, args->memory));
+    TPUSHIM_ASSIGN_OR_RETURN(
+        MemoryCopy made,
+        shape == nullptr ? call.system().CreateMemoryBuffer(
+                               args->data, args->size, args->memory, semantics)
+                         : call.system().CreateMemoryBuffer(
+                               args->data, args->memory, spec, semantics));
     args->aliased = made.buffer.aliases_caller_memory() ? 1 : 0;
+    args->buffer.id = FillBuffer(std::move(slots), call, made.buffer);
+    args->event.id =
+        std::move(ready).Fill(EventEntry{call.id(), std::move(made.event)});
+    if (released.has_value()) {
+      args->host_released.id = std::move(*released).Fill(
+          EventEntry{call.id(), std::move(made.host_released)});
+    }
     return absl::OkStatus();
   });
 }
@@ -158,12 +222,11 @@ TpuShim_Error* MemoryBufferCopyToMemory(
         GetWaitFor(call, kFunction, args->wait_for, args->num_wait_for));
     // Both handles first, so that a full table refuses before the copy.
     TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot, tables().events.Reserve());
-    TPUSHIM_ASSIGN_OR_RETURN(auto buffer_slot,
-                             tables().memory_buffers.Reserve());
+    TPUSHIM_ASSIGN_OR_RETURN(BufferSlots buffer_slots,
+                             ReserveBuffer(call, args->memory));
     TPUSHIM_ASSIGN_OR_RETURN(MemoryCopy made, call.system().CopyToMemory(
                                                   src, args->memory, wait_for));
-    args->buffer.id =
-        std::move(buffer_slot).Fill(MemoryBufferEntry{call.id(), made.buffer});
+    args->buffer.id = FillBuffer(std::move(buffer_slots), call, made.buffer);
     args->event.id = std::move(slot).Fill(EventEntry{call.id(), made.event});
     return absl::OkStatus();
   });
@@ -174,8 +237,13 @@ TpuShim_Error* MemoryBufferGetInfo(TpuShim_MemoryBuffer_GetInfo_Args* args) {
     TPUSHIM_CHECK_ARGS(args, "MemoryBuffer_GetInfo",
                        TPUSHIM_MEMORYBUFFER_GETINFO_ARGS_STRUCT_SIZE);
     TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
-    TPUSHIM_ASSIGN_OR_RETURN(MemoryBuffer b,
-                             GetMemoryBuffer(call, args->buffer));
+    TPUSHIM_ASSIGN_OR_RETURN(MemoryBufferEntry entry,
+                             GetEntry(call, args->buffer));
+    const MemoryBuffer& b = entry.buffer;
+    if (args->struct_size >=
+        TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_GetInfo_Args, device_buffer)) {
+      args->device_buffer.id = entry.device_handle;
+    }
     args->memory = b.memory();
     args->kind = ToC(b.kind());
     args->size = b.size();
@@ -203,6 +271,12 @@ TpuShim_Error* MemoryBufferFree(TpuShim_MemoryBuffer_Free_Args* args) {
             args->buffer.id, [&](const MemoryBufferEntry&) {
               return absl::OkStatus();  // checked by GetMemoryBuffer
             }));
+    // Its borrowed TpuShim_DeviceBuffer goes stale with it.
+    if (taken.device_handle != 0) {
+      (void)tables().device_buffers.Take(
+          taken.device_handle,
+          [](const DeviceBufferEntry&) { return absl::OkStatus(); });
+    }
     absl::StatusOr<Event> freed = call.system().Free(taken.buffer, wait_for);
     if (!freed.ok()) return freed.status();  // the handle is gone all the same
     args->event.id = std::move(slot).Fill(EventEntry{call.id(), *freed});
@@ -227,6 +301,19 @@ TpuShim_Error* SystemGetMemoryStats(TpuShim_System_GetMemoryStats_Args* args) {
     args->largest_free_block_bytes = m.largest_free_block_bytes;
     args->buffers_live = m.buffers_live;
     return absl::OkStatus();
+  });
+}
+
+TpuShim_Error* MemoryBufferReadyEvent(
+    TpuShim_MemoryBuffer_ReadyEvent_Args* args) {
+  return Guard([&]() -> absl::Status {
+    TPUSHIM_CHECK_ARGS(args, "MemoryBuffer_ReadyEvent",
+                       TPUSHIM_MEMORYBUFFER_READYEVENT_ARGS_STRUCT_SIZE);
+    TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args->system));
+    TPUSHIM_ASSIGN_OR_RETURN(MemoryBuffer b,
+                             GetMemoryBuffer(call, args->buffer));
+    return SubmitWithEvent(call.id(), &args->event,
+                           [&] { return call.system().BufferReadyEvent(b); });
   });
 }
 

@@ -386,6 +386,9 @@ struct HostRegistrationEntry {
 struct DeviceBufferEntry {
   uint64_t system_id = 0;
   DeviceBuffer buffer;
+  // Borrowed from a TpuShim_MemoryBuffer in device memory
+  // (MemoryBuffer_GetInfo): freed with it, never by DeviceBuffer_Deallocate.
+  bool borrowed = false;
 };
 
 struct EventEntry {
@@ -399,6 +402,9 @@ struct EventEntry {
 struct MemoryBufferEntry {
   uint64_t system_id = 0;
   MemoryBuffer buffer;
+  // Device memory: the id of its borrowed TpuShim_DeviceBuffer handle,
+  // made with the entry and made stale with it (0 in a host memory).
+  uint64_t device_handle = 0;
 };
 
 struct Tables {
@@ -545,18 +551,22 @@ inline absl::Status SubmitWithEvent(
 
 // The same for a host→device transfer with two events: `released_out`
 // (null when the caller's struct has no room for it) gets host_released.
-// Both handles are reserved before anything is queued.
+// Both handles (one when released_out is null) are reserved before
+// anything is queued.
 inline absl::Status SubmitWithEvents(
     uint64_t system_id, TpuShim_Event* ready_out, TpuShim_Event* released_out,
     absl::FunctionRef<absl::StatusOr<TransferEvents>()> submit) {
   TPUSHIM_ASSIGN_OR_RETURN(EventReservation ready, tables().events.Reserve());
-  TPUSHIM_ASSIGN_OR_RETURN(EventReservation released,
-                           tables().events.Reserve());
+  std::optional<EventReservation> released;
+  if (released_out != nullptr) {
+    TPUSHIM_ASSIGN_OR_RETURN(EventReservation slot, tables().events.Reserve());
+    released.emplace(std::move(slot));
+  }
   TPUSHIM_ASSIGN_OR_RETURN(TransferEvents events, submit());
   ready_out->id =
       std::move(ready).Fill(EventEntry{system_id, std::move(events.ready)});
-  if (released_out != nullptr) {
-    released_out->id = std::move(released).Fill(
+  if (released.has_value()) {
+    released_out->id = std::move(*released).Fill(
         EventEntry{system_id, std::move(events.host_released)});
   }
   return absl::OkStatus();
@@ -590,6 +600,34 @@ inline absl::Status CheckTransferSize(uint64_t size,
       function, ": args->size is 0; a transfer moves at least 1 byte"));
 }
 
+// A host→device byte transfer's call (Transfer_ToDevice, Transfer_Chunk),
+// checked and looked up: `src` not NULL, `size` not 0, `semantics` a
+// value, then the system entered, `dst` and the wait_for list resolved.
+struct ToDeviceCall {
+  SystemCall call;
+  DeviceBuffer dst;
+  std::vector<Event> wait_for;
+  HostBufferSemantics semantics;
+};
+template <typename Args>
+inline absl::StatusOr<ToDeviceCall> EnterToDevice(const Args& args,
+                                                  absl::string_view function) {
+  if (args.src == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(function, ": args->src is NULL"));
+  }
+  TPUSHIM_RETURN_IF_ERROR(CheckTransferSize(args.size, function));
+  TPUSHIM_ASSIGN_OR_RETURN(HostBufferSemantics semantics,
+                           ToSemantics(args.semantics, function));
+  TPUSHIM_ASSIGN_OR_RETURN(SystemCall call, SystemCall::Enter(args.system));
+  TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer dst, GetDeviceBuffer(call, args.dst));
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::vector<Event> wait_for,
+      GetWaitFor(call, function, args.wait_for, args.num_wait_for));
+  return ToDeviceCall{std::move(call), std::move(dst), std::move(wait_for),
+                      semantics};
+}
+
 // The functions of API 1.3 (driver/c_api_shaped.cc).
 TpuShim_Error* DeviceBufferAllocateShaped(
     TpuShim_DeviceBuffer_AllocateShaped_Args* args);
@@ -610,6 +648,8 @@ TpuShim_Error* MemoryBufferCopyToMemory(
 TpuShim_Error* MemoryBufferGetInfo(TpuShim_MemoryBuffer_GetInfo_Args* args);
 TpuShim_Error* MemoryBufferFree(TpuShim_MemoryBuffer_Free_Args* args);
 TpuShim_Error* SystemGetMemoryStats(TpuShim_System_GetMemoryStats_Args* args);
+TpuShim_Error* MemoryBufferReadyEvent(
+    TpuShim_MemoryBuffer_ReadyEvent_Args* args);
 // The functions of API 1.4: events (driver/c_api_events.cc).
 TpuShim_Error* EventCreate(TpuShim_Event_Create_Args* args);
 TpuShim_Error* EventSet(TpuShim_Event_Set_Args* args);
@@ -617,6 +657,7 @@ TpuShim_Error* DeviceBufferReadyEvent(
     TpuShim_DeviceBuffer_ReadyEvent_Args* args);
 TpuShim_Error* TransferBeginChunked(TpuShim_Transfer_BeginChunked_Args* args);
 TpuShim_Error* TransferChunk(TpuShim_Transfer_Chunk_Args* args);
+TpuShim_Error* TransferAbortChunked(TpuShim_Transfer_AbortChunked_Args* args);
 // 1.4: registered host memory (driver/c_api_registered.cc).
 TpuShim_Error* HostMemoryRegister(TpuShim_HostMemory_Register_Args* args);
 TpuShim_Error* HostMemoryUnregister(TpuShim_HostMemory_Unregister_Args* args);

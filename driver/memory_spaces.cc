@@ -10,6 +10,7 @@
 #include "common/status_macros.h"
 #include "device/hbm_report.h"
 #include "device/xla_shape.h"
+#include "transfer/relayout.h"
 
 namespace tpushim {
 
@@ -426,6 +427,59 @@ MemoryBuffer MemorySpaces::Wrap(const DeviceBuffer& buffer) const {
   return MemoryBuffer(std::move(s));
 }
 
+bool MemorySpaces::CanAlias(int memory, const void* data, uint64_t size) const {
+  // Any host memory is unpinned_host memory; pinned_host aliases only what
+  // every device DMAs directly.
+  return memory == unpinned_host_id() ||
+         engine_->ClassifyHostRange(data, size) != HostRange::kPageable;
+}
+
+absl::StatusOr<MemoryCopy> MemorySpaces::Alias(int memory, const void* data,
+                                               uint64_t size, bool is_mutable) {
+  // The caller's bytes are free once the last holder (the buffer, copies
+  // in flight) lets go: then host_released is set.
+  TPUSHIM_ASSIGN_OR_RETURN(CallerEvent made, system_->CreateEvent());
+  auto released = std::make_shared<CallerEvent>(std::move(made));
+  Event host_released = released->event();
+  std::shared_ptr<State> s = NewHostState(memory, nullptr);
+  s->size = s->unpadded = s->host_bytes = size;
+  s->data = static_cast<char*>(const_cast<void*>(data));
+  s->aliased = true;
+  s->mutable_alias = is_mutable;
+  {
+    MutexLock lock(&counters_->mu);
+    HostCounters::One& c = counters_->host[HostSlot(s->kind)];
+    ++c.buffers_live;
+    if (s->kind == MemoryKind::kUnpinnedHost) {
+      c.bytes_in_use += size;
+      c.peak_bytes_in_use = std::max(c.peak_bytes_in_use, c.bytes_in_use);
+    }
+  }
+  // Counted out when the last handle goes (or the system does).
+  auto counters = counters_;
+  const int slot = HostSlot(s->kind);
+  const uint64_t in_use = s->kind == MemoryKind::kUnpinnedHost ? size : 0;
+  auto release = std::shared_ptr<HostStorage>(
+      new HostStorage(),
+      [counters, slot, in_use, released = std::move(released)](HostStorage* h) {
+        delete h;
+        {
+          MutexLock lock(&counters->mu);
+          counters->host[slot].bytes_in_use -= in_use;
+          --counters->host[slot].buffers_live;
+        }
+        // FAILED_PRECONDITION once the system has shut down: the event was
+        // failed with CANCELLED then, which stands.
+        (void)released->Set(absl::OkStatus());
+      });
+  {
+    MutexLock lock(&s->mu);
+    s->storage = std::move(release);
+  }
+  return MemoryCopy{MemoryBuffer(std::move(s)), Event(),
+                    std::move(host_released)};
+}
+
 absl::StatusOr<MemoryCopy> MemorySpaces::Create(const void* data, uint64_t size,
                                                 int memory,
                                                 HostBufferSemantics semantics) {
@@ -442,53 +496,20 @@ absl::StatusOr<MemoryCopy> MemorySpaces::Create(const void* data, uint64_t size,
   if (memory < device_count_) {
     TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer b,
                              system_->AllocateDevice(memory, size));
-    absl::StatusOr<Event> up =
-        system_->TransferToDevice(data, b, 0, size, {}, semantics);
+    absl::StatusOr<TransferEvents> up =
+        system_->TransferToDeviceWithEvents(data, b, 0, size, {}, semantics);
     if (!up.ok()) {
       (void)system_->Deallocate(b);
       return up.status();
     }
-    return MemoryCopy{Wrap(b), *up};
+    return MemoryCopy{Wrap(b), std::move(up->ready),
+                      std::move(up->host_released)};
   }
   const bool zero_copy = semantics == HostBufferSemantics::kImmutableZeroCopy ||
                          semantics == HostBufferSemantics::kMutableZeroCopy;
   const bool is_mutable = semantics == HostBufferSemantics::kMutableZeroCopy;
-  // Any host memory is unpinned_host memory; pinned_host aliases only what
-  // every device DMAs directly.
-  const bool can_alias =
-      memory == unpinned_host_id() ||
-      engine_->ClassifyHostRange(data, size) != HostRange::kPageable;
-  if (zero_copy && can_alias) {
-    std::shared_ptr<State> s = NewHostState(memory, nullptr);
-    s->size = s->unpadded = s->host_bytes = size;
-    s->data = static_cast<char*>(const_cast<void*>(data));
-    s->aliased = true;
-    s->mutable_alias = is_mutable;
-    {
-      MutexLock lock(&counters_->mu);
-      HostCounters::One& c = counters_->host[HostSlot(s->kind)];
-      ++c.buffers_live;
-      if (s->kind == MemoryKind::kUnpinnedHost) {
-        c.bytes_in_use += size;
-        c.peak_bytes_in_use = std::max(c.peak_bytes_in_use, c.bytes_in_use);
-      }
-    }
-    // Counted out when the last handle goes (or the system does).
-    auto counters = counters_;
-    const int slot = HostSlot(s->kind);
-    const uint64_t in_use = s->kind == MemoryKind::kUnpinnedHost ? size : 0;
-    auto release = std::shared_ptr<HostStorage>(
-        new HostStorage(), [counters, slot, in_use](HostStorage* h) {
-          delete h;
-          MutexLock lock(&counters->mu);
-          counters->host[slot].bytes_in_use -= in_use;
-          --counters->host[slot].buffers_live;
-        });
-    {
-      MutexLock lock(&s->mu);
-      s->storage = std::move(release);
-    }
-    return MemoryCopy{MemoryBuffer(std::move(s)), Event()};
+  if (zero_copy && CanAlias(memory, data, size)) {
+    return Alias(memory, data, size, is_mutable);
   }
   if (is_mutable) {
     return absl::InvalidArgumentError(absl::StrCat(
@@ -507,7 +528,85 @@ absl::StatusOr<MemoryCopy> MemorySpaces::Create(const void* data, uint64_t size,
                            NewStorage(kWhat, memory, size, &request));
   std::memcpy(storage->data, data, size);
   return MemoryCopy{MemoryBuffer(NewHostState(memory, std::move(storage))),
-                    Event()};
+                    Event(), Event()};
+}
+
+absl::StatusOr<MemoryCopy> MemorySpaces::Create(const void* data, int memory,
+                                                const DeviceBufferSpec& spec,
+                                                HostBufferSemantics semantics) {
+  constexpr absl::string_view kWhat = "CreateMemoryBuffer";
+  TPUSHIM_RETURN_IF_ERROR(CheckMemory(kWhat, memory));
+  if (data == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": the host data is null"));
+  }
+  if (memory < device_count_) {
+    TPUSHIM_ASSIGN_OR_RETURN(DeviceBuffer b,
+                             system_->AllocateDevice(memory, spec));
+    absl::StatusOr<TransferEvents> up =
+        system_->TransferArrayToDeviceWithEvents(data, b, {}, semantics);
+    if (!up.ok()) {
+      (void)system_->Deallocate(b);
+      return up.status();
+    }
+    return MemoryCopy{Wrap(b), std::move(up->ready),
+                      std::move(up->host_released)};
+  }
+  absl::StatusOr<ArrayShape> shape = ParseArrayShape(spec.shape);
+  if (!shape.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ", shape.status().message()));
+  }
+  absl::StatusOr<RelayoutPlan> plan = RelayoutPlan::Create(*shape);
+  if (!plan.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(kWhat, ": ", plan.status().message()));
+  }
+  const bool zero_copy = semantics == HostBufferSemantics::kImmutableZeroCopy ||
+                         semantics == HostBufferSemantics::kMutableZeroCopy;
+  const bool is_mutable = semantics == HostBufferSemantics::kMutableZeroCopy;
+  // A host memory holds the device's tiled image (memory.h): the caller's
+  // dense array is that image only when the layout keeps it as it is.
+  const bool dense = plan->kernel() == RelayoutPlan::Kernel::kIdentity &&
+                     plan->device_bytes() == plan->host_bytes() &&
+                     plan->host_bytes() != 0;
+  if (zero_copy && dense && CanAlias(memory, data, plan->host_bytes())) {
+    TPUSHIM_ASSIGN_OR_RETURN(
+        MemoryCopy alias, Alias(memory, data, plan->host_bytes(), is_mutable));
+    State& a = *alias.buffer.state();
+    a.shape = ToString(plan->shape());
+    a.label = spec.label;
+    a.op_metadata = spec.op_metadata;
+    return alias;
+  }
+  if (is_mutable) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        kWhat, ": kMutableZeroCopy aliases the caller's array only when ",
+        ToString(plan->shape()),
+        "'s layout keeps the dense row-major bytes as they are and they lie "
+        "in memory every device DMAs directly (pinned_host: the premapped "
+        "region or registered host memory); ask for kImmutableZeroCopy, "
+        "which copies, or allocate the buffer (AllocateInMemory) and copy "
+        "into it"));
+  }
+  // Allocate checks what is left (a tuple, no elements) and says so.
+  TPUSHIM_ASSIGN_OR_RETURN(MemoryBuffer made, Allocate(memory, spec));
+  absl::Status packed = plan->Pack(data, 0, plan->device_bytes(), made.data());
+  if (!packed.ok()) {
+    (void)Free(made, {});
+    return packed;
+  }
+  return MemoryCopy{std::move(made), Event(), Event()};
+}
+
+absl::StatusOr<Event> MemorySpaces::ReadyEvent(const MemoryBuffer& buffer) {
+  constexpr absl::string_view kWhat = "BufferReadyEvent";
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<State> s, Use(kWhat, buffer));
+  if (s->kind == MemoryKind::kDevice) {
+    return system_->BufferReadyEvent(s->device);
+  }
+  MutexLock lock(&s->mu);
+  return s->ready;
 }
 
 absl::StatusOr<Event> MemorySpaces::AfterAll(absl::Span<const Event> wait_for,
@@ -613,6 +712,10 @@ absl::StatusOr<MemoryCopy> MemorySpaces::CopyToMemory(
   // Both sides' host bytes live until the copy is done, whatever Free does;
   // released on the completing thread before the event's other
   // continuations run (a Free waiting for this copy frees after it).
+  if (d->kind != MemoryKind::kDevice) {
+    MutexLock lock(&d->mu);
+    d->ready = *event;
+  }
   if (src_storage != nullptr || dst_storage != nullptr) {
     event->state()->AddContinuation(
         [src_storage = std::move(src_storage),
@@ -621,7 +724,8 @@ absl::StatusOr<MemoryCopy> MemorySpaces::CopyToMemory(
           dst_storage.reset();
         });
   }
-  return MemoryCopy{*std::move(dst), *event};
+  Event done = *event;
+  return MemoryCopy{*std::move(dst), std::move(done), *std::move(event)};
 }
 
 absl::StatusOr<Event> MemorySpaces::Free(const MemoryBuffer& buffer,

@@ -85,6 +85,9 @@ struct BufferState {
   Mutex mu;
   std::shared_ptr<HostStorage> storage ABSL_GUARDED_BY(mu);  // null: aliased
   bool freed ABSL_GUARDED_BY(mu) = false;
+  // Host kinds: the write that filled the buffer (the copy that made it;
+  // ready at once for one allocated or made from host bytes).
+  Event ready ABSL_GUARDED_BY(mu);
 };
 
 }  // namespace memory_internal
@@ -119,6 +122,14 @@ class MemorySpaces {
                                         const DeviceBufferSpec& spec);
   absl::StatusOr<MemoryCopy> Create(const void* data, uint64_t size, int memory,
                                     HostBufferSemantics semantics);
+  // The same for one array: `data` is the dense row-major array
+  // (host_size bytes), laid out into the tiled image.
+  absl::StatusOr<MemoryCopy> Create(const void* data, int memory,
+                                    const DeviceBufferSpec& spec,
+                                    HostBufferSemantics semantics);
+  // A host buffer's ready event (the write that filled it); device
+  // memory: the engine's BufferReadyEvent.
+  absl::StatusOr<Event> ReadyEvent(const MemoryBuffer& buffer);
   absl::StatusOr<MemoryCopy> CopyToMemory(const MemoryBuffer& src, int memory,
                                           absl::Span<const Event> wait_for);
   absl::StatusOr<Event> Free(const MemoryBuffer& buffer,
@@ -143,6 +154,12 @@ class MemorySpaces {
   std::shared_ptr<State> NewHostState(
       int memory, std::shared_ptr<memory_internal::HostStorage> storage);
   std::string PinnedReport(const State& request) const;
+  // A host buffer over the caller's `size` bytes at `data` (no copy), and
+  // its host_released event: set once the last holder lets the bytes go.
+  absl::StatusOr<MemoryCopy> Alias(int memory, const void* data, uint64_t size,
+                                   bool is_mutable);
+  // Whether [data, data + size) may be aliased as a buffer of `memory`.
+  bool CanAlias(int memory, const void* data, uint64_t size) const;
   // Runs `fn` once every event of `wait_for` is ready with OK (on this
   // object's thread, or inline when they already are); the event is
   // ready with fn's status, or with the first failed event's.

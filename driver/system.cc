@@ -704,6 +704,11 @@ absl::StatusOr<TransferEvents> System::TransferChunk(
                                       wait_for, semantics);
 }
 
+absl::Status System::AbortChunkedTransfer(const DeviceBuffer& dst,
+                                          absl::Status error) {
+  return impl_->engine->AbortChunkedTransfer(dst, std::move(error));
+}
+
 TransferPath System::PathFor(const void* host, uint64_t size) const {
   return impl_->engine->PathFor(host, size);
 }
@@ -832,6 +837,22 @@ absl::StatusOr<MemoryCopy> System::CreateMemoryBuffer(
     return ForkedChildError("This System", impl_->pid);
   }
   return impl_->memories->Create(data, size, memory, semantics);
+}
+
+absl::StatusOr<MemoryCopy> System::CreateMemoryBuffer(
+    const void* data, int memory, const DeviceBufferSpec& spec,
+    HostBufferSemantics semantics) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->Create(data, memory, spec, semantics);
+}
+
+absl::StatusOr<Event> System::BufferReadyEvent(const MemoryBuffer& buffer) {
+  if (ForkedChildOf(impl_->pid)) {
+    return ForkedChildError("This System", impl_->pid);
+  }
+  return impl_->memories->ReadyEvent(buffer);
 }
 
 absl::StatusOr<MemoryCopy> System::CopyToMemory(

@@ -57,6 +57,10 @@ mutations=(
   'host-released-at-dma-end :: transfer/engine_staging.cc :: ReleaseHost(op, i < n ? op.Error() : absl::OkStatus()); :: op.host_released.Notify(); :: transfer_events_test :: *StagedHostReleased*:*IsNeverLater* :: on the staged path host_released resolves when the last byte is in staging, before the DMA ends'
   'identity-array-in-place :: transfer/engine_queues.cc :: ClassifyHostRange(host, peek->size) != HostRange::kPageable) { :: ClassifyHostRange(host, peek->size) == HostRange::kRegistered) { :: host_registration_test :: *ArraysInThePremappedRegion* :: an array whose device image is the dense array moves in place from the premapped region'
   'registered-range :: transfer/engine_queues.cc :: if (FindRegistrationLocked(host, size) != nullptr) { :: if (false) { :: host_registration_test :: *ZeroCopyWhateverTheSize*:*RegionOff*:*ArrayTransfers* :: transfers inside registered host memory are zero-copy whatever their size'
+  'c-borrowed-handle-stale :: driver/c_api_memory.cc :: if (taken.device_handle != 0) { :: if (false) { :: c_api_memory_views_test :: *GoesStale* :: a borrowed TpuShim_DeviceBuffer goes stale with its memory buffer'
+  'chunked-abort-fails-ready :: transfer/engine_events.cc :: if (done != nullptr) (void)caller_events_->Set(*done, std::move(failed)); :: (void)failed; :: buffer_ready_test :: *AbortFailsTheReadyEvent* :: an abandoned chunked transfer fails the buffer'"'"'s ready event instead of never resolving'
+  'host-buffer-ready :: driver/memory_spaces.cc :: d->ready = *event; :: (void)d; :: c_api_memory_views_test :: *ReadyEventOfAHostBuffer* :: a host-memory buffer'"'"'s ready event waits for the copy that fills it'
+  'alias-host-released :: driver/memory_spaces.cc :: (void)released->Set(absl::OkStatus()); :: (void)released; :: c_api_memory_views_test :: *FromHostGivesHostReleased* :: an aliasing buffer releases the caller'"'"'s bytes (host_released OK) once it is freed'
 )
 
 usage() {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
@@ -111,6 +112,11 @@ struct Allocation {
   uint64_t chunks_running ABSL_GUARDED_BY(mu) = 0;
   absl::Status chunk_error ABSL_GUARDED_BY(mu);
   std::shared_ptr<EventState> chunked_done ABSL_GUARDED_BY(mu);
+  // The byte ranges of the device buffer the open (or last) chunked
+  // transfer's chunks were given for, merged and sorted, and how many
+  // chunks: what an abandoned transfer's error names as still missing.
+  std::vector<std::pair<uint64_t, uint64_t>> chunk_ranges ABSL_GUARDED_BY(mu);
+  uint64_t chunks_given ABSL_GUARDED_BY(mu) = 0;
 };
 
 enum class OpKind { kToDevice, kFromDevice, kDeviceToDevice };
@@ -367,6 +373,8 @@ class Engine {
                                                uint64_t size, bool is_last,
                                                absl::Span<const Event> wait_for,
                                                HostBufferSemantics semantics);
+  absl::Status AbortChunkedTransfer(const DeviceBuffer& dst,
+                                    absl::Status error);
   // INVALID_ARGUMENT when `wait_for` holds a pending event of another
   // engine: its continuation would call into this one, which may be gone
   // by then.
@@ -479,8 +487,10 @@ class Engine {
   // A chunk of `a`'s chunked transfer finished with `s`.
   void ChunkFinished(const std::shared_ptr<Allocation>& a,
                      const absl::Status& s);
-  // Fails `a`'s open chunked transfer with `status` (its buffer goes).
-  void AbandonChunked(Allocation& a, const absl::Status& status);
+  // Fails `a`'s open chunked transfer with `status`'s code and message,
+  // followed by the bytes its chunks never covered. False when none is
+  // open.
+  bool AbandonChunked(Allocation& a, const absl::Status& status);
   // The staged path is done with the caller's buffer (`status`: OK when
   // every byte was copied): resolves host_released, wakes a
   // kImmutableOnlyDuringCall caller.
@@ -565,8 +575,7 @@ class Engine {
   char* TakeRegionStaging(uint64_t bytes);
   // Where `op`'s staging buffers live, for its descriptors.
   HostWindowId StagingWindow(const Op& op) const {
-    return op.bounce ? bounce_windows_[op.device]
-                     : region_windows_[op.device];
+    return op.bounce ? bounce_windows_[op.device] : region_windows_[op.device];
   }
   uint64_t StagingOffset(const Op& op, const char* p) const {
     const char* base =
@@ -594,8 +603,7 @@ class Engine {
   // Shutdown: releases the registrations left, with one WARNING.
   void ReleaseRegistrations();
   // RegisterHostMemory's memlock error: the limit and how to raise it.
-  absl::Status PinError(const absl::Status& s, const void* data,
-                        uint64_t size);
+  absl::Status PinError(const absl::Status& s, const void* data, uint64_t size);
 
   // Constant after construction.
   const uint64_t serial_;

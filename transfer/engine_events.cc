@@ -4,10 +4,12 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status_macros.h"
 #include "transfer/engine.h"
@@ -35,6 +37,42 @@ absl::StatusOr<std::shared_ptr<Allocation>> LiveAllocation(
         what, a->device, a->address));
   }
   return a;
+}
+
+// Adds [offset, offset + size) to the sorted, merged `ranges`.
+void AddRange(std::vector<std::pair<uint64_t, uint64_t>>& ranges,
+              uint64_t offset, uint64_t size) {
+  uint64_t begin = offset;
+  uint64_t end = offset + size;
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  merged.reserve(ranges.size() + 1);
+  bool placed = false;
+  for (const auto& [b, e] : ranges) {
+    if (e < begin) {
+      merged.emplace_back(b, e);
+    } else if (end < b) {
+      if (!placed) merged.emplace_back(begin, end);
+      placed = true;
+      merged.emplace_back(b, e);
+    } else {
+      begin = std::min(begin, b);
+      end = std::max(end, e);
+    }
+  }
+  if (!placed) merged.emplace_back(begin, end);
+  ranges = std::move(merged);
+}
+
+// What an unfinished chunked transfer into `a` lacks, for its error:
+// "3072 of the buffer's 4096 bytes never came (1 chunk gave 1024 bytes)".
+std::string MissingBytes(const Allocation& a)
+    ABSL_EXCLUSIVE_LOCKS_REQUIRED(a.mu) {
+  uint64_t covered = 0;
+  for (const auto& [b, e] : a.chunk_ranges) covered += e - b;
+  return absl::StrFormat(
+      "%d of the buffer's %d bytes never came (%d chunk%s gave %d bytes)",
+      a.size - covered, a.size, a.chunks_given, a.chunks_given == 1 ? "" : "s",
+      covered);
 }
 
 // The first failure of several events, once all are ready.
@@ -137,6 +175,8 @@ absl::Status Engine::BeginChunkedTransfer(const DeviceBuffer& dst) {
     a->chunks_running = 0;
     a->chunk_error = absl::OkStatus();
     a->chunked_done = done;
+    a->chunk_ranges.clear();
+    a->chunks_given = 0;
   }
   TrackWrite(a, done);
   return absl::OkStatus();
@@ -169,6 +209,7 @@ absl::StatusOr<TransferEvents> Engine::TransferChunk(
                 "is open; call BeginChunkedTransfer first");
     }
     ++a->chunks_running;
+    ++a->chunks_given;
     if (is_last) a->chunked = Allocation::Chunked::kClosed;
   }
   absl::StatusOr<TransferEvents> events =
@@ -183,12 +224,17 @@ absl::StatusOr<TransferEvents> Engine::TransferChunk(
     {
       MutexLock lock(&a->mu);
       --a->chunks_running;
+      --a->chunks_given;
       if (is_last && a->chunked == Allocation::Chunked::kClosed &&
           a->chunked_done != nullptr) {
         a->chunked = Allocation::Chunked::kOpen;
       }
     }
     return events.status();
+  }
+  {
+    MutexLock lock(&a->mu);
+    AddRange(a->chunk_ranges, dst_offset, size);
   }
   events->ready.state()->AddContinuation(
       [this, a](const absl::Status& s) { ChunkFinished(a, s); });
@@ -212,15 +258,49 @@ void Engine::ChunkFinished(const std::shared_ptr<Allocation>& a,
   if (done != nullptr) (void)caller_events_->Set(*done, std::move(status));
 }
 
-void Engine::AbandonChunked(Allocation& a, const absl::Status& status) {
+bool Engine::AbandonChunked(Allocation& a, const absl::Status& status) {
   std::shared_ptr<EventState> done;
+  absl::Status failed;
   {
     MutexLock lock(&a.mu);
-    if (a.chunked != Allocation::Chunked::kOpen) return;
+    if (a.chunked != Allocation::Chunked::kOpen) return false;
     a.chunked = Allocation::Chunked::kClosed;
     done = std::move(a.chunked_done);
+    failed = absl::Status(
+        status.code(), absl::StrCat(status.message(), "; ", MissingBytes(a)));
   }
-  if (done != nullptr) (void)caller_events_->Set(*done, status);
+  // Chunks still running finish as they would; the transfer's event (and
+  // so the buffer's ready event) fails now. Shutdown may have failed it
+  // already (CANCELLED): that stands.
+  if (done != nullptr) (void)caller_events_->Set(*done, std::move(failed));
+  return true;
+}
+
+absl::Status Engine::AbortChunkedTransfer(const DeviceBuffer& dst,
+                                          absl::Status error) {
+  TPUSHIM_RETURN_IF_ERROR(CheckOpen());
+  if (error.ok()) {
+    return absl::InvalidArgumentError(
+        "AbortChunkedTransfer: the error is OK; give the failure the "
+        "buffer's waiters are to see (ABORTED, CANCELLED, ...)");
+  }
+  TPUSHIM_ASSIGN_OR_RETURN(
+      std::shared_ptr<Allocation> a,
+      LiveAllocation(dst, serial_, "AbortChunkedTransfer"));
+  const absl::Status aborted(
+      error.code(),
+      absl::StrFormat("%s (the chunked transfer into the device buffer "
+                      "(device %d, address 0x%x) was aborted before its last "
+                      "chunk)",
+                      error.message(), a->device, a->address));
+  if (!AbandonChunked(*a, aborted)) {
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "AbortChunkedTransfer: no chunked transfer into the device buffer "
+        "(device %d, address 0x%x) is open (never begun, or its last chunk "
+        "was given)",
+        a->device, a->address));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace tpushim::transfer_internal

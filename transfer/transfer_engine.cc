@@ -161,9 +161,8 @@ absl::Status Engine::StartBouncePool() {
   }
   LOG(INFO) << "Premapped region off: small transfers (up to "
             << HumanReadableBytes(config_.bounce_max_bytes)
-            << ") are staged through a "
-            << HumanReadableBytes(pool->size()) << " "
-            << (pool->locked() ? "pinned" : "unlocked")
+            << ") are staged through a " << HumanReadableBytes(pool->size())
+            << " " << (pool->locked() ? "pinned" : "unlocked")
             << " bounce pool instead of pinning the caller's memory";
   bounce_ = std::move(pool);
   bounce_windows_ = std::move(windows);
@@ -526,15 +525,37 @@ absl::StatusOr<Event> TransferEngine::Deallocate(
   return impl_->Deallocate(buffer, wait_for);
 }
 
+namespace {
+
+// The operation of a host→device transfer, for TransferToDevice and
+// TransferToDeviceWithEvents (which differ only in how it is submitted).
+absl::StatusOr<std::shared_ptr<transfer_internal::Op>> ToDeviceOp(
+    transfer_internal::Engine& engine, const void* src, const DeviceBuffer& dst,
+    uint64_t dst_offset, uint64_t size, absl::Span<const Event> wait_for,
+    HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(engine.CheckWaitFor(wait_for));
+  return engine.NewHostOp(transfer_internal::OpKind::kToDevice, dst, dst_offset,
+                          src, size, semantics);
+}
+
+// The same for the whole array of a shaped buffer.
+absl::StatusOr<std::shared_ptr<transfer_internal::Op>> ArrayToDeviceOp(
+    transfer_internal::Engine& engine, const void* src, const DeviceBuffer& dst,
+    absl::Span<const Event> wait_for, HostBufferSemantics semantics) {
+  TPUSHIM_RETURN_IF_ERROR(engine.CheckWaitFor(wait_for));
+  return engine.NewArrayOp(transfer_internal::OpKind::kToDevice, dst, src,
+                           semantics);
+}
+
+}  // namespace
+
 absl::StatusOr<Event> TransferEngine::TransferToDevice(
     const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
     uint64_t size, absl::Span<const Event> wait_for,
     HostBufferSemantics semantics) {
-  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
-      impl_->NewHostOp(transfer_internal::OpKind::kToDevice, dst, dst_offset,
-                       src, size, semantics));
+      ToDeviceOp(*impl_, src, dst, dst_offset, size, wait_for, semantics));
   return impl_->Submit(std::move(op), wait_for);
 }
 
@@ -552,11 +573,9 @@ absl::StatusOr<Event> TransferEngine::TransferFromDevice(
 absl::StatusOr<Event> TransferEngine::TransferArrayToDevice(
     const void* src, const DeviceBuffer& dst, absl::Span<const Event> wait_for,
     HostBufferSemantics semantics) {
-  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
-      impl_->NewArrayOp(transfer_internal::OpKind::kToDevice, dst, src,
-                        semantics));
+      ArrayToDeviceOp(*impl_, src, dst, wait_for, semantics));
   return impl_->Submit(std::move(op), wait_for);
 }
 
@@ -585,22 +604,18 @@ absl::StatusOr<TransferEvents> TransferEngine::TransferToDeviceWithEvents(
     const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
     uint64_t size, absl::Span<const Event> wait_for,
     HostBufferSemantics semantics) {
-  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
-      impl_->NewHostOp(transfer_internal::OpKind::kToDevice, dst, dst_offset,
-                       src, size, semantics));
+      ToDeviceOp(*impl_, src, dst, dst_offset, size, wait_for, semantics));
   return impl_->SubmitWithRelease(std::move(op), wait_for);
 }
 
 absl::StatusOr<TransferEvents> TransferEngine::TransferArrayToDeviceWithEvents(
     const void* src, const DeviceBuffer& dst, absl::Span<const Event> wait_for,
     HostBufferSemantics semantics) {
-  TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<transfer_internal::Op> op,
-      impl_->NewArrayOp(transfer_internal::OpKind::kToDevice, dst, src,
-                        semantics));
+      ArrayToDeviceOp(*impl_, src, dst, wait_for, semantics));
   return impl_->SubmitWithRelease(std::move(op), wait_for);
 }
 
@@ -624,6 +639,11 @@ absl::StatusOr<TransferEvents> TransferEngine::TransferChunk(
   TPUSHIM_RETURN_IF_ERROR(impl_->CheckWaitFor(wait_for));
   return impl_->TransferChunk(src, dst, dst_offset, size, is_last, wait_for,
                               semantics);
+}
+
+absl::Status TransferEngine::AbortChunkedTransfer(const DeviceBuffer& dst,
+                                                  absl::Status error) {
+  return impl_->AbortChunkedTransfer(dst, std::move(error));
 }
 
 absl::StatusOr<uint64_t> TransferEngine::RegisterHostMemory(const void* data,

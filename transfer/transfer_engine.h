@@ -286,13 +286,20 @@ class TransferEngine {
   // buffer's end INVALID_ARGUMENT; a second Begin while one is open
   // FAILED_PRECONDITION. Deallocating the buffer, or Shutdown, before the
   // last chunk fails the transfer (and so the ready event) with
-  // CANCELLED.
+  // CANCELLED; AbortChunkedTransfer (PJRT's SetBufferError: a producer
+  // that gives up) fails it with the caller's `error`. Either message
+  // names the bytes no chunk covered ("3072 of the buffer's 4096 bytes
+  // never came ..."); chunks already queued still run. Abort:
+  // INVALID_ARGUMENT for an OK `error` or a bad buffer,
+  // FAILED_PRECONDITION when no chunked transfer is open on it.
   absl::Status BeginChunkedTransfer(const DeviceBuffer& dst);
   absl::StatusOr<TransferEvents> TransferChunk(
       const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
       uint64_t size, bool is_last, absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
+  absl::Status AbortChunkedTransfer(const DeviceBuffer& dst,
+                                    absl::Status error);
 
   // The path a host transfer of `size` bytes at `host` would take now
   // (staged may still fall back to pinned when staging has no room).

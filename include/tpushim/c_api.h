@@ -56,8 +56,9 @@
  *
  *  - Ownership. Handles returned in out fields belong to the caller:
  *    systems are destroyed with System_Destroy, host buffers freed with
- *    HostBuffer_Free, device buffers with DeviceBuffer_Deallocate, events
- *    with Event_Destroy. Destroying a system also invalidates every buffer
+ *    HostBuffer_Free, device buffers with DeviceBuffer_Deallocate (except
+ *    the one MemoryBuffer_GetInfo lends, which goes with its memory
+ *    buffer), events with Event_Destroy. Destroying a system also invalidates every buffer
  *    handle of that system; its event handles stay valid (and are ready).
  *
  *  - Pointers. A NULL pointer where one is required is INVALID_ARGUMENT.
@@ -912,6 +913,9 @@ typedef struct TpuShim_Api {
   TPUSHIM_API_FN(HostMemory_Unregister);
   /* 1.4: chips */
   TPUSHIM_API_FN(Chips_List);
+  /* 1.4: memory-buffer readiness and aborted chunked transfers */
+  TPUSHIM_API_FN(MemoryBuffer_ReadyEvent);
+  TPUSHIM_API_FN(Transfer_AbortChunked);
 } TpuShim_Api;
 
 #undef TPUSHIM_API_FN

@@ -76,7 +76,8 @@ typedef TpuShim_Error* TpuShim_DeviceBuffer_ReadyEvent_Fn(
  * once the chunk marked `is_last` and every chunk before it completed.
  * FAILED_PRECONDITION when one is open on the buffer already. Deallocating
  * the buffer (or destroying the system) before the last chunk fails it
- * with CANCELLED. */
+ * with CANCELLED, naming the bytes no chunk covered; Transfer_AbortChunked
+ * fails it with the caller's error. */
 typedef struct TpuShim_Transfer_BeginChunked_Args {
   size_t struct_size;
   TpuShim_System system;       /* in */
@@ -110,5 +111,27 @@ typedef struct TpuShim_Transfer_Chunk_Args {
   TPUSHIM_STRUCT_SIZE(TpuShim_Transfer_Chunk_Args, host_released)
 typedef TpuShim_Error* TpuShim_Transfer_Chunk_Fn(
     TpuShim_Transfer_Chunk_Args* args);
+
+/* Gives up the open chunked transfer into `buffer` (PJRT's
+ * SetBufferError): the buffer's ready event fails with `code` (a
+ * TpuShim_ErrorCode, 1..16; ABORTED or CANCELLED suit) and `message`,
+ * followed by the bytes no chunk covered ("3072 of the buffer's 4096 bytes
+ * never came (1 chunk gave 1024 bytes)"), instead of waiting for a last
+ * chunk that will not come; so does every later ready event of the buffer.
+ * Chunks already queued still run; later chunks are FAILED_PRECONDITION
+ * until another Transfer_BeginChunked. INVALID_ARGUMENT for a bad handle
+ * or a code outside 1..16; FAILED_PRECONDITION when no chunked transfer
+ * is open on the buffer. */
+typedef struct TpuShim_Transfer_AbortChunked_Args {
+  size_t struct_size;
+  TpuShim_System system;       /* in */
+  TpuShim_DeviceBuffer buffer; /* in */
+  int32_t code;                /* in: 1 .. 16 */
+  const char* message;         /* in: may be NULL; copied */
+} TpuShim_Transfer_AbortChunked_Args;
+#define TPUSHIM_TRANSFER_ABORTCHUNKED_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_Transfer_AbortChunked_Args, message)
+typedef TpuShim_Error* TpuShim_Transfer_AbortChunked_Fn(
+    TpuShim_Transfer_AbortChunked_Args* args);
 
 #endif /* TPUSHIM_C_API_EVENTS_H_ */

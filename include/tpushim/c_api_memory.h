@@ -106,7 +106,18 @@ typedef TpuShim_Error* TpuShim_MemoryBuffer_Allocate_Fn(
  * Register); outside them IMMUTABLE_ZERO_COPY copies and
  * MUTABLE_ZERO_COPY is INVALID_ARGUMENT); other semantics copy. `event`
  * is ready once the bytes are in place; `aliased` says whether the buffer
- * is the caller's bytes. */
+ * is the caller's bytes.
+ *
+ * 1.4, when struct_size covers them: `shape` (with `label`) makes a buffer
+ * of one XLA array from its dense row-major bytes at `data`; `size` must
+ * be their length (INVALID_ARGUMENT naming both otherwise). Device
+ * memory: as Transfer_ArrayToDevice; host memories hold the tiled image
+ * and alias `data` only when the layout keeps the dense bytes as they
+ * are. `host_released` (PJRT's done_with_host_buffer) is ready when
+ * `data` may be reused or freed: into device memory as Transfer_ToDevice's
+ * (before `event` on the staged path); a buffer aliasing `data`, once it
+ * is freed and the copies using it are done (CANCELLED when the system is
+ * destroyed first); copied into a host memory, at once. */
 typedef struct TpuShim_MemoryBuffer_FromHost_Args {
   size_t struct_size;
   TpuShim_System system;       /* in */
@@ -117,6 +128,11 @@ typedef struct TpuShim_MemoryBuffer_FromHost_Args {
   TpuShim_MemoryBuffer buffer; /* out */
   TpuShim_Event event;         /* out: the caller destroys it */
   int32_t aliased;             /* out: 1 when the buffer is `data` */
+  /* 1.4, when struct_size covers it: out; the caller destroys it. */
+  TpuShim_Event host_released;
+  /* 1.4, when struct_size covers them: in, may be NULL (a byte buffer). */
+  const char* shape;
+  const char* label;
 } TpuShim_MemoryBuffer_FromHost_Args;
 #define TPUSHIM_MEMORYBUFFER_FROMHOST_ARGS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_FromHost_Args, aliased)
@@ -130,20 +146,32 @@ typedef TpuShim_Error* TpuShim_MemoryBuffer_FromHost_Fn(
  * Errors as MemoryBuffer_Allocate. */
 typedef struct TpuShim_MemoryBuffer_CopyToMemory_Args {
   size_t struct_size;
-  TpuShim_System system;          /* in */
-  TpuShim_MemoryBuffer src;       /* in */
-  int memory;                     /* in */
-  const TpuShim_Event* wait_for;  /* in, may be NULL when num_wait_for is 0 */
-  size_t num_wait_for;            /* in */
-  TpuShim_MemoryBuffer buffer;    /* out */
-  TpuShim_Event event;            /* out: the caller destroys it */
+  TpuShim_System system;         /* in */
+  TpuShim_MemoryBuffer src;      /* in */
+  int memory;                    /* in */
+  const TpuShim_Event* wait_for; /* in, may be NULL when num_wait_for is 0 */
+  size_t num_wait_for;           /* in */
+  TpuShim_MemoryBuffer buffer;   /* out */
+  TpuShim_Event event;           /* out: the caller destroys it */
 } TpuShim_MemoryBuffer_CopyToMemory_Args;
 #define TPUSHIM_MEMORYBUFFER_COPYTOMEMORY_ARGS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_CopyToMemory_Args, event)
 typedef TpuShim_Error* TpuShim_MemoryBuffer_CopyToMemory_Fn(
     TpuShim_MemoryBuffer_CopyToMemory_Args* args);
 
-/* A buffer's memory (PJRT's Buffer_Memory) and what it is. */
+/* A buffer's memory (PJRT's Buffer_Memory) and what it is.
+ *
+ * Host memories: `data` is the buffer's bytes (pinned_host: in the
+ * premapped region, so Transfer_ToDevice / Transfer_FromDevice from or to
+ * them take the zero-copy path), valid until MemoryBuffer_Free.
+ *
+ * 1.4, when struct_size covers it: `device_buffer`, in device memory a
+ * TpuShim_DeviceBuffer for the same buffer, borrowed: every call taking a
+ * TpuShim_DeviceBuffer accepts it (Transfer_*, DeviceBuffer_ReadyEvent,
+ * the chunked transfers) until MemoryBuffer_Free or System_Destroy, after
+ * which it is stale (INVALID_ARGUMENT); DeviceBuffer_Deallocate refuses it
+ * (INVALID_ARGUMENT: free the memory buffer). Every call returns the same
+ * handle. {0} in a host memory. */
 typedef struct TpuShim_MemoryBuffer_GetInfo_Args {
   size_t struct_size;
   TpuShim_System system;       /* in */
@@ -153,6 +181,8 @@ typedef struct TpuShim_MemoryBuffer_GetInfo_Args {
   uint64_t size;               /* out: bytes in its memory (the tiled image) */
   void* data;                  /* out: host memories' bytes; NULL on device */
   int32_t aliased;             /* out: 1 when its bytes are the caller's */
+  /* 1.4, when struct_size covers it: out, borrowed (see above). */
+  TpuShim_DeviceBuffer device_buffer;
 } TpuShim_MemoryBuffer_GetInfo_Args;
 #define TPUSHIM_MEMORYBUFFER_GETINFO_ARGS_STRUCT_SIZE \
   TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_GetInfo_Args, aliased)
@@ -200,6 +230,23 @@ typedef struct TpuShim_System_GetMemoryStats_Args {
   TPUSHIM_STRUCT_SIZE(TpuShim_System_GetMemoryStats_Args, buffers_live)
 typedef TpuShim_Error* TpuShim_System_GetMemoryStats_Fn(
     TpuShim_System_GetMemoryStats_Args* args);
+/* A buffer's ready event, in any memory (PJRT's Buffer_ReadyEvent):
+ * device memory as DeviceBuffer_ReadyEvent; a host memory, the copy that
+ * filled it (MemoryBuffer_CopyToMemory's event), ready at once for a
+ * buffer allocated or made from host bytes. Writes the caller makes
+ * through `data` itself are its own to track. INVALID_ARGUMENT for a
+ * stale, freed or foreign handle. */
+typedef struct TpuShim_MemoryBuffer_ReadyEvent_Args {
+  size_t struct_size;
+  TpuShim_System system;       /* in */
+  TpuShim_MemoryBuffer buffer; /* in */
+  TpuShim_Event event;         /* out: destroy with Event_Destroy */
+} TpuShim_MemoryBuffer_ReadyEvent_Args;
+#define TPUSHIM_MEMORYBUFFER_READYEVENT_ARGS_STRUCT_SIZE \
+  TPUSHIM_STRUCT_SIZE(TpuShim_MemoryBuffer_ReadyEvent_Args, event)
+typedef TpuShim_Error* TpuShim_MemoryBuffer_ReadyEvent_Fn(
+    TpuShim_MemoryBuffer_ReadyEvent_Args* args);
+
 /* ---- Registered host memory (1.4; TPUSHIM_API_HAS before calling) */
 
 /* Registers the caller's host memory [data, data + size) for DMA by every

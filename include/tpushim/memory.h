@@ -132,11 +132,22 @@ class TPUSHIM_EXPORT MemoryBuffer {
   std::shared_ptr<memory_internal::BufferState> state_;
 };
 
-// What CopyToMemory returns: the new buffer and the event of the copy
-// (the buffer's bytes are valid once it is ready with OK).
+// What CopyToMemory and CreateMemoryBuffer return: the new buffer and the
+// event of the copy (the buffer's bytes are valid once it is ready with
+// OK; System::BufferReadyEvent(buffer) answers the same later).
 struct MemoryCopy {
   MemoryBuffer buffer;
   Event event;
+  // When the caller's host bytes are free again (PJRT's
+  // done_with_host_buffer). CreateMemoryBuffer into device memory: the
+  // transfer's host_released (TransferEvents: on the staged path once the
+  // last byte is in staging, before `event`; otherwise with it). A buffer
+  // that aliases the caller's bytes (a zero-copy semantics): once the
+  // buffer is freed and the copies using it are done (CANCELLED if its
+  // system goes first: the system then no longer uses them either). Copied
+  // into a host memory: ready with OK at once. CopyToMemory (no caller
+  // bytes): `event`.
+  Event host_released;
 };
 
 }  // namespace tpushim

@@ -365,13 +365,25 @@ class TPUSHIM_EXPORT System {
   // FAILED_PRECONDITION for a chunk after the last (or without Begin) and
   // for a second Begin while one is open; INVALID_ARGUMENT for a chunk
   // past the buffer's end. Deallocating dst before the last chunk fails
-  // the chunked transfer with CANCELLED.
+  // the chunked transfer with CANCELLED, naming the bytes no chunk covered
+  // ("3072 of the buffer's 4096 bytes never came (1 chunk gave 1024
+  // bytes)").
   absl::Status BeginChunkedTransfer(const DeviceBuffer& dst);
   absl::StatusOr<TransferEvents> TransferChunk(
       const void* src, const DeviceBuffer& dst, uint64_t dst_offset,
       uint64_t size, bool is_last, absl::Span<const Event> wait_for = {},
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableUntilTransferCompletes);
+  // Gives up the open chunked transfer into `dst` (PJRT's
+  // SetBufferError): dst's ready event fails with `error`'s code and
+  // message, followed by the bytes no chunk covered, instead of waiting
+  // for a last chunk that will not come; so does every later ready event
+  // of dst (its bytes are not what was meant). Chunks already queued still
+  // run; later chunks are FAILED_PRECONDITION until another Begin.
+  // INVALID_ARGUMENT for an OK `error` or a deallocated or foreign buffer;
+  // FAILED_PRECONDITION when no chunked transfer is open on dst.
+  absl::Status AbortChunkedTransfer(const DeviceBuffer& dst,
+                                    absl::Status error);
   // The path a host transfer of `size` bytes at `host` would take
   // (kZeroCopy inside the region or a registration).
   TransferPath PathFor(const void* host, uint64_t size) const;
@@ -431,11 +443,31 @@ class TPUSHIM_EXPORT System {
   //    not be written through `data`).
   //  * the other semantics copy `data` into new bytes before returning.
   // The event is ready once the bytes are in place (at once for a host
-  // memory).
+  // memory); host_released says when `data` is free again (MemoryCopy).
   absl::StatusOr<MemoryCopy> CreateMemoryBuffer(
       const void* data, uint64_t size, int memory,
       HostBufferSemantics semantics =
           HostBufferSemantics::kImmutableOnlyDuringCall);
+  // The same for one XLA array: `data` is the dense row-major array
+  // (DeviceBuffer::host_size() bytes for `spec`). Device memory: allocated
+  // as AllocateDevice(memory, spec) and transferred as
+  // TransferArrayToDeviceWithEvents. Host memories hold the tiled image:
+  // the zero-copy semantics alias `data` only when the layout keeps the
+  // dense bytes as they are (and, in pinned_host, they lie in memory every
+  // device DMAs directly); otherwise the array is laid out into new bytes
+  // (kMutableZeroCopy: INVALID_ARGUMENT). Shape errors as AllocateDevice.
+  absl::StatusOr<MemoryCopy> CreateMemoryBuffer(
+      const void* data, int memory, const DeviceBufferSpec& spec,
+      HostBufferSemantics semantics =
+          HostBufferSemantics::kImmutableOnlyDuringCall);
+  // A MemoryBuffer's ready event (PJRT's Buffer_ReadyEvent), in any
+  // memory: device memory as BufferReadyEvent(buffer.device_buffer());
+  // a host memory, the copy that filled it (ready at once for one
+  // allocated or made from host bytes, which are in place when the call
+  // returns). Writes the caller makes itself through data() are its own
+  // to track. INVALID_ARGUMENT for a freed buffer or one of another
+  // system.
+  absl::StatusOr<Event> BufferReadyEvent(const MemoryBuffer& buffer);
   // A new buffer in `memory` with `src`'s bytes (and shape), copied once
   // `wait_for` is done: device ↔ pinned_host by one DMA from/to the region
   // (the zero-copy path, nothing staged), device ↔ unpinned_host through

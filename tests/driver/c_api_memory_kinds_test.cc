@@ -13,10 +13,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "driver/c_api_internal.h"
-#include "env/os.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/driver/c_api_fixture.h"
 #include "tpushim/c_api.h"
 
 namespace tpushim {
@@ -27,57 +26,14 @@ using ::testing::StartsWith;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-struct Result {
-  int code = TPUSHIM_CODE_OK;
-  std::string message;
-  bool ok() const { return code == TPUSHIM_CODE_OK; }
-};
+using testutil::Result;
 
-class CApiMemoryKindsTest : public ::testing::Test {
+class CApiMemoryKindsTest : public testutil::CApiFixture {
  protected:
   void SetUp() override {
-    capi_internal::SetOsForTesting(&os_);
-    api_ = TpuShim_GetApi();
+    CApiFixture::SetUp();
     ASSERT_TRUE(TPUSHIM_API_HAS(api_, System_GetMemoryStats));
     system_ = NewSystem("4194304");
-  }
-  void TearDown() override {
-    for (TpuShim_System s : systems_) {
-      TpuShim_System_Destroy_Args a{};
-      a.struct_size = TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE;
-      a.system = s;
-      api_->Error_Destroy(api_->System_Destroy(&a));
-    }
-    capi_internal::SetOsForTesting(nullptr);
-  }
-
-  Result Take(TpuShim_Error* e) {
-    Result r{api_->Error_Code(e), api_->Error_Message(e)};
-    api_->Error_Destroy(e);
-    return r;
-  }
-
-  TpuShim_System NewSystem(const char* region) {
-    // Each System of this process on chips of its own: two Systems never
-    // share a chip.
-    const std::string chips =
-        absl::StrCat(2 * next_chip_pair_, ",", 2 * next_chip_pair_ + 1);
-    ++next_chip_pair_;
-    const TpuShim_Option options[] = {
-        {"TPU_PREMAPPED_BUFFER_SIZE", region},
-        {"TPUSHIM_DEVICE", "sim://?devices=16&hbm=16M"},
-        {"TPU_VISIBLE_CHIPS", chips.c_str()},
-        {"TPU_LOG_DIR", "disabled"},
-        {"TPU_STDERR_LOG_LEVEL", "3"},
-        {"TPUSHIM_PREFAULT_THREADS", "1"}};
-    TpuShim_System_Create_Args a{};
-    a.struct_size = TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE;
-    a.options = options;
-    a.num_options = sizeof(options) / sizeof(options[0]);
-    const Result r = Take(api_->System_Create(&a));
-    EXPECT_TRUE(r.ok()) << r.message;
-    systems_.push_back(a.system);
-    return a.system;
   }
 
   Result Allocate(TpuShim_System s, int memory, uint64_t size,
@@ -109,33 +65,12 @@ class CApiMemoryKindsTest : public ::testing::Test {
     a.memory = memory;
     const Result r = Take(api_->MemoryBuffer_CopyToMemory(&a));
     if (r.ok()) {
-      EXPECT_TRUE(Await(a.event).ok());
+      EXPECT_TRUE(AwaitAndDestroy(a.event).ok());
       *out = a.buffer;
     }
     return r;
   }
-  Result Free(TpuShim_MemoryBuffer b) {
-    TpuShim_MemoryBuffer_Free_Args a{};
-    a.struct_size = TPUSHIM_MEMORYBUFFER_FREE_ARGS_STRUCT_SIZE;
-    a.system = system_;
-    a.buffer = b;
-    const Result r = Take(api_->MemoryBuffer_Free(&a));
-    if (r.ok()) {
-      EXPECT_TRUE(Await(a.event).ok());
-    }
-    return r;
-  }
-  Result Await(TpuShim_Event e) {
-    TpuShim_Event_Await_Args a{};
-    a.struct_size = TPUSHIM_EVENT_AWAIT_ARGS_STRUCT_SIZE;
-    a.event = e;
-    const Result r = Take(api_->Event_Await(&a));
-    TpuShim_Event_Destroy_Args d{};
-    d.struct_size = TPUSHIM_EVENT_DESTROY_ARGS_STRUCT_SIZE;
-    d.event = e;
-    api_->Error_Destroy(api_->Event_Destroy(&d));
-    return r;
-  }
+  Result Free(TpuShim_MemoryBuffer b) { return FreeMemoryBuffer(system_, b); }
   Result Stats(int memory, TpuShim_System_GetMemoryStats_Args* out) {
     *out = {};
     out->struct_size = TPUSHIM_SYSTEM_GETMEMORYSTATS_ARGS_STRUCT_SIZE;
@@ -144,11 +79,7 @@ class CApiMemoryKindsTest : public ::testing::Test {
     return Take(api_->System_GetMemoryStats(out));
   }
 
-  FixedEnvironmentOs os_{Os::Default()};
-  const TpuShim_Api* api_ = nullptr;
   TpuShim_System system_{};
-  std::vector<TpuShim_System> systems_;
-  int next_chip_pair_ = 0;
 };
 
 // Every new function: NULL args and a struct_size below its 1.4 size are
@@ -244,7 +175,7 @@ TEST_F(CApiMemoryKindsTest, CopiesThroughEveryKindAndKeepsTheBytes) {
   f.memory = 3;  // unpinned_host
   f.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_ONLY_DURING_CALL;
   ASSERT_TRUE(Take(api_->MemoryBuffer_FromHost(&f)).ok());
-  ASSERT_TRUE(Await(f.event).ok());
+  ASSERT_TRUE(AwaitAndDestroy(f.event).ok());
   EXPECT_EQ(f.aliased, 0);
   TpuShim_MemoryBuffer dev, pinned, dev1, back;
   ASSERT_TRUE(Copy(f.buffer, 0, &dev).ok());
@@ -286,7 +217,7 @@ TEST_F(CApiMemoryKindsTest, ZeroCopySemanticsAlias) {
   f.memory = 3;
   f.semantics = TPUSHIM_HOST_BUFFER_MUTABLE_ZERO_COPY;
   ASSERT_TRUE(Take(api_->MemoryBuffer_FromHost(&f)).ok());
-  ASSERT_TRUE(Await(f.event).ok());
+  ASSERT_TRUE(AwaitAndDestroy(f.event).ok());
   EXPECT_EQ(f.aliased, 1);
   TpuShim_MemoryBuffer_GetInfo_Args i;
   ASSERT_TRUE(Info(f.buffer, &i).ok());

@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/driver/c_api_fixture.h"
 #include "tpushim/c_api.h"
 
 namespace {
@@ -27,18 +28,15 @@ constexpr uint64_t kMiB = uint64_t{1} << 20;
 static_assert(offsetof(TpuShim_Api, HostMemory_Unregister) >
               offsetof(TpuShim_Api, System_GetDeviceMemoryStats));
 
-struct Result {
-  int code = TPUSHIM_CODE_OK;
-  std::string message;
-};
+using tpushim::testutil::Result;
 
-class CApiRegisteredTest : public ::testing::Test {
+class CApiRegisteredTest : public tpushim::testutil::CApiFixture {
  protected:
   void SetUp() override {
-    api_ = TpuShim_GetApi();
+    CApiFixture::SetUp();
     ASSERT_TRUE(TPUSHIM_API_HAS(api_, HostMemory_Register));
     ASSERT_TRUE(TPUSHIM_API_HAS(api_, HostMemory_Unregister));
-    system_ = Create();
+    system_ = NewSystem();
     void* p = mmap(nullptr, 2 * kMiB, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     ASSERT_NE(p, MAP_FAILED);
@@ -46,44 +44,8 @@ class CApiRegisteredTest : public ::testing::Test {
     for (uint64_t i = 0; i < 2 * kMiB; ++i) mem_[i] = static_cast<char>(i * 7);
   }
   void TearDown() override {
-    for (TpuShim_System s : systems_) Destroy(s);
-    munmap(mem_, 2 * kMiB);
-  }
-
-  Result Take(TpuShim_Error* e) {
-    if (e == nullptr) return {};
-    Result r{api_->Error_Code(e), api_->Error_Message(e)};
-    api_->Error_Destroy(e);
-    return r;
-  }
-
-  TpuShim_System Create(const char* region = "4194304") {
-    // Each System of this process on chips of its own: two Systems never
-    // share a chip.
-    const std::string chips =
-        absl::StrCat(2 * next_chip_pair_, ",", 2 * next_chip_pair_ + 1);
-    ++next_chip_pair_;
-    const TpuShim_Option options[] = {
-        {"TPU_PREMAPPED_BUFFER_SIZE", region},
-        {"TPUSHIM_DEVICE", "sim://?devices=16&hbm=16M"},
-        {"TPU_VISIBLE_CHIPS", chips.c_str()},
-        {"TPU_LOG_DIR", "disabled"},
-        {"TPU_STDERR_LOG_LEVEL", "3"},
-        {"TPUSHIM_PREFAULT_THREADS", "1"}};
-    TpuShim_System_Create_Args a{};
-    a.struct_size = sizeof a;
-    a.options = options;
-    a.num_options = sizeof options / sizeof options[0];
-    const Result r = Take(api_->System_Create(&a));
-    EXPECT_EQ(r.code, TPUSHIM_CODE_OK) << r.message;
-    systems_.push_back(a.system);
-    return a.system;
-  }
-  Result Destroy(TpuShim_System s) {
-    TpuShim_System_Destroy_Args a{};
-    a.struct_size = TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE;
-    a.system = s;
-    return Take(api_->System_Destroy(&a));
+    CApiFixture::TearDown();
+    if (mem_ != nullptr) munmap(mem_, 2 * kMiB);
   }
 
   Result Register(
@@ -156,9 +118,6 @@ class CApiRegisteredTest : public ::testing::Test {
     return ok && std::memcmp(src, dst, n) == 0;
   }
 
-  const TpuShim_Api* api_ = nullptr;
-  std::vector<TpuShim_System> systems_;
-  int next_chip_pair_ = 0;
   TpuShim_System system_{};
   char* mem_ = nullptr;
 };
@@ -217,7 +176,7 @@ TEST_F(CApiRegisteredTest, StaleDoubleAndForeignHandlesAreInvalidArgument) {
   TpuShim_HostRegistration reg{};
   ASSERT_EQ(Register(system_, mem_, kMiB, &reg).code, TPUSHIM_CODE_OK);
   // Another system's registration.
-  TpuShim_System other = Create();
+  TpuShim_System other = NewSystem();
   Result r = Unregister(other, reg);
   EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT);
   EXPECT_THAT(r.message, HasSubstr("TpuShim_HostRegistration"));
@@ -250,13 +209,13 @@ TEST_F(CApiRegisteredTest, NamedErrorsRegisterNothing) {
 
 // System_Destroy releases the registrations left; their handles are stale.
 TEST_F(CApiRegisteredTest, DestroyingTheSystemReleasesAndStalesRegistrations) {
-  TpuShim_System off = Create("0");  // registering with the region off
+  TpuShim_System off = NewSystem("0");  // registering with the region off
   TpuShim_HostRegistration reg{};
   ASSERT_EQ(Register(off, mem_, kMiB, &reg).code, TPUSHIM_CODE_OK);
   std::vector<char> back(64 * 1024);
   EXPECT_TRUE(RoundTrip(off, mem_, back.data(), back.size()));
   EXPECT_EQ(Stats(off).zero_copy_registered_transfers[0], 1u);
-  ASSERT_EQ(Destroy(off).code, TPUSHIM_CODE_OK);
+  ASSERT_EQ(DestroySystem(off).code, TPUSHIM_CODE_OK);
   EXPECT_EQ(Unregister(off, reg).code, TPUSHIM_CODE_INVALID_ARGUMENT);
   // The memory is free to register again, with another system.
   TpuShim_HostRegistration again{};

@@ -14,10 +14,9 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
-#include "driver/c_api_internal.h"
-#include "env/os.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/driver/c_api_fixture.h"
 #include "tpushim/c_api.h"
 
 namespace tpushim {
@@ -27,61 +26,13 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kKiB = uint64_t{1} << 10;
 
-struct Result {
-  int code = TPUSHIM_CODE_OK;
-  std::string message;
-  bool ok() const { return code == TPUSHIM_CODE_OK; }
-};
+using testutil::Result;
 
-class EventsCApiTest : public ::testing::Test {
+class EventsCApiTest : public testutil::CApiFixture {
  protected:
-  static void SetUpTestSuite() {
-    static FixedEnvironmentOs* const os = new FixedEnvironmentOs(Os::Default());
-    capi_internal::SetOsForTesting(os);
-  }
-
   void SetUp() override {
-    api_ = TpuShim_GetApi();
-    system_ = NewSystem();
-  }
-
-  void TearDown() override {
-    for (TpuShim_System s : systems_) (void)DestroySystem(s);
-  }
-
-  Result Take(TpuShim_Error* error) {
-    Result r{api_->Error_Code(error), api_->Error_Message(error)};
-    api_->Error_Destroy(error);
-    return r;
-  }
-
-  TpuShim_System NewSystem() {
-    // Each System of this process on chips of its own: two Systems never
-    // share a chip.
-    const std::string chips = absl::StrCat(next_chip_pair_);
-    ++next_chip_pair_;
-    const TpuShim_Option options[] = {
-        {"TPU_PREMAPPED_BUFFER_SIZE", "8388608"},
-        {"TPUSHIM_DEVICE", "sim://?devices=16&hbm=16M"},
-        {"TPU_VISIBLE_CHIPS", chips.c_str()},
-        {"TPU_LOG_DIR", "disabled"},
-        {"TPU_STDERR_LOG_LEVEL", "3"},
-        {"TPUSHIM_PREFAULT_THREADS", "1"}};
-    TpuShim_System_Create_Args a{};
-    a.struct_size = TPUSHIM_SYSTEM_CREATE_ARGS_STRUCT_SIZE;
-    a.options = options;
-    a.num_options = sizeof(options) / sizeof(options[0]);
-    const Result r = Take(api_->System_Create(&a));
-    EXPECT_TRUE(r.ok()) << r.message;
-    systems_.push_back(a.system);
-    return a.system;
-  }
-
-  Result DestroySystem(TpuShim_System s) {
-    TpuShim_System_Destroy_Args a{};
-    a.struct_size = TPUSHIM_SYSTEM_DESTROY_ARGS_STRUCT_SIZE;
-    a.system = s;
-    return Take(api_->System_Destroy(&a));
+    CApiFixture::SetUp();
+    system_ = NewSystem("8388608");
   }
 
   TpuShim_DeviceBuffer Allocate(uint64_t size) {
@@ -120,28 +71,6 @@ class EventsCApiTest : public ::testing::Test {
     return Take(api_->Event_Set(&a));
   }
 
-  Result Await(TpuShim_Event e) {
-    TpuShim_Event_Await_Args a{};
-    a.struct_size = TPUSHIM_EVENT_AWAIT_ARGS_STRUCT_SIZE;
-    a.event = e;
-    return Take(api_->Event_Await(&a));
-  }
-
-  bool IsReady(TpuShim_Event e) {
-    TpuShim_Event_IsReady_Args a{};
-    a.struct_size = TPUSHIM_EVENT_ISREADY_ARGS_STRUCT_SIZE;
-    a.event = e;
-    EXPECT_TRUE(Take(api_->Event_IsReady(&a)).ok());
-    return a.is_ready != 0;
-  }
-
-  Result Destroy(TpuShim_Event e) {
-    TpuShim_Event_Destroy_Args a{};
-    a.struct_size = TPUSHIM_EVENT_DESTROY_ARGS_STRUCT_SIZE;
-    a.event = e;
-    return Take(api_->Event_Destroy(&a));
-  }
-
   Result ReadyEvent(TpuShim_DeviceBuffer b, TpuShim_Event* out) {
     TpuShim_DeviceBuffer_ReadyEvent_Args a{};
     a.struct_size = TPUSHIM_DEVICEBUFFER_READYEVENT_ARGS_STRUCT_SIZE;
@@ -176,10 +105,7 @@ class EventsCApiTest : public ::testing::Test {
     return r;
   }
 
-  const TpuShim_Api* api_ = nullptr;
   TpuShim_System system_{};
-  std::vector<TpuShim_System> systems_;
-  int next_chip_pair_ = 0;
 };
 
 TEST_F(EventsCApiTest, TheTableHasTheEventsBlock) {
@@ -277,7 +203,7 @@ TEST_F(EventsCApiTest, LargerStructsAreAcceptedAndTheirTailIsNotWritten) {
   EXPECT_TRUE(TailUntouched(api_->Event_Set, set, &r, api_));
   EXPECT_TRUE(r.ok()) << r.message;
   EXPECT_TRUE(Await(gate).ok());
-  EXPECT_TRUE(Destroy(gate).ok());
+  EXPECT_TRUE(DestroyEvent(gate).ok());
 }
 
 TEST_F(EventsCApiTest, ACallerEventGatesATransferAndIsSetOnce) {
@@ -310,7 +236,7 @@ TEST_F(EventsCApiTest, ACallerEventGatesATransferAndIsSetOnce) {
   EXPECT_THAT(twice.message, HasSubstr("already set"));
   EXPECT_TRUE(Await(gate).ok());  // unchanged
   for (TpuShim_Event e : {gate, t.event, t.host_released}) {
-    EXPECT_TRUE(Destroy(e).ok());
+    EXPECT_TRUE(DestroyEvent(e).ok());
   }
 }
 
@@ -334,7 +260,7 @@ TEST_F(EventsCApiTest, SetWithAnErrorFailsTheWaitersWithItsCodeAndMessage) {
   ASSERT_TRUE(DestroySystem(system_).ok());
   systems_.clear();
   EXPECT_EQ(seen_code.load(), TPUSHIM_CODE_DATA_LOSS);
-  EXPECT_TRUE(Destroy(gate).ok());
+  EXPECT_TRUE(DestroyEvent(gate).ok());
 }
 
 TEST_F(EventsCApiTest, BadCodesOrdinaryEventsAndStaleHandlesAreRefused) {
@@ -354,11 +280,11 @@ TEST_F(EventsCApiTest, BadCodesOrdinaryEventsAndStaleHandlesAreRefused) {
   EXPECT_THAT(r.message, HasSubstr("not made by Event_Create"));
 
   // Stale: destroyed (unset: its waiters are cancelled), then used.
-  ASSERT_TRUE(Destroy(gate).ok());
+  ASSERT_TRUE(DestroyEvent(gate).ok());
   r = Set(gate, TPUSHIM_CODE_OK);
   EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT);
   EXPECT_THAT(r.message, HasSubstr("TpuShim_Event"));
-  EXPECT_EQ(Destroy(gate).code, TPUSHIM_CODE_INVALID_ARGUMENT);
+  EXPECT_EQ(DestroyEvent(gate).code, TPUSHIM_CODE_INVALID_ARGUMENT);
   TpuShim_Event made_up{12345};
   EXPECT_EQ(Set(made_up, TPUSHIM_CODE_OK).code, TPUSHIM_CODE_INVALID_ARGUMENT);
 
@@ -367,7 +293,7 @@ TEST_F(EventsCApiTest, BadCodesOrdinaryEventsAndStaleHandlesAreRefused) {
   ASSERT_TRUE(DestroySystem(other).ok());
   TpuShim_Event e{};
   EXPECT_EQ(Create(&e, other).code, TPUSHIM_CODE_INVALID_ARGUMENT);
-  EXPECT_TRUE(Destroy(ready).ok());
+  EXPECT_TRUE(DestroyEvent(ready).ok());
 }
 
 TEST_F(EventsCApiTest, DestroyingAnUnsetEventCancelsItsWaiters) {
@@ -387,11 +313,11 @@ TEST_F(EventsCApiTest, DestroyingAnUnsetEventCancelsItsWaiters) {
   t.host_released.id = 0xABCD;  // beyond struct_size: never written
   ASSERT_TRUE(Take(api_->Transfer_ToDevice(&t)).ok());
   EXPECT_EQ(t.host_released.id, 0xABCDu);
-  ASSERT_TRUE(Destroy(gate).ok());
+  ASSERT_TRUE(DestroyEvent(gate).ok());
   const Result r = Await(t.event);
   EXPECT_EQ(r.code, TPUSHIM_CODE_CANCELLED);
   EXPECT_THAT(r.message, HasSubstr("destroyed before it was set"));
-  EXPECT_TRUE(Destroy(t.event).ok());
+  EXPECT_TRUE(DestroyEvent(t.event).ok());
 }
 
 TEST_F(EventsCApiTest, DestroyingTheSystemCancelsUnsetEvents) {
@@ -402,7 +328,7 @@ TEST_F(EventsCApiTest, DestroyingTheSystemCancelsUnsetEvents) {
   const Result r = Set(gate, TPUSHIM_CODE_OK);
   EXPECT_EQ(r.code, TPUSHIM_CODE_FAILED_PRECONDITION);
   EXPECT_THAT(r.message, HasSubstr("shut down"));
-  EXPECT_TRUE(Destroy(gate).ok());
+  EXPECT_TRUE(DestroyEvent(gate).ok());
 }
 
 TEST_F(EventsCApiTest, ForeignEventsAreRefusedInWaitFor) {
@@ -424,7 +350,7 @@ TEST_F(EventsCApiTest, ForeignEventsAreRefusedInWaitFor) {
   const Result r = Take(api_->Transfer_Chunk(&k));
   EXPECT_EQ(r.code, TPUSHIM_CODE_INVALID_ARGUMENT);
   EXPECT_THAT(r.message, HasSubstr("wait_for[0]"));
-  EXPECT_TRUE(Destroy(foreign).ok());
+  EXPECT_TRUE(DestroyEvent(foreign).ok());
 }
 
 TEST_F(EventsCApiTest, ChunkedTransferIsReadyAtItsLastChunk) {
@@ -445,8 +371,8 @@ TEST_F(EventsCApiTest, ChunkedTransferIsReadyAtItsLastChunk) {
   ASSERT_TRUE(Chunk(src.data(), b, 0, n / 2, false, &out).ok());
   EXPECT_TRUE(Await(out.event).ok());
   EXPECT_TRUE(Await(out.host_released).ok());
-  EXPECT_TRUE(Destroy(out.event).ok());
-  EXPECT_TRUE(Destroy(out.host_released).ok());
+  EXPECT_TRUE(DestroyEvent(out.event).ok());
+  EXPECT_TRUE(DestroyEvent(out.host_released).ok());
   EXPECT_FALSE(IsReady(ready));
 
   r = Chunk(src.data(), b, n / 2, n, true, nullptr);
@@ -472,7 +398,7 @@ TEST_F(EventsCApiTest, ChunkedTransferIsReadyAtItsLastChunk) {
   EXPECT_TRUE(Await(d.event).ok());
   EXPECT_EQ(back, src);
   for (TpuShim_Event e : {ready, out.event, out.host_released, d.event}) {
-    EXPECT_TRUE(Destroy(e).ok());
+    EXPECT_TRUE(DestroyEvent(e).ok());
   }
 }
 
@@ -492,8 +418,8 @@ TEST_F(EventsCApiTest, ArrayToDeviceFillsHostReleasedWhenTheStructHasIt) {
   EXPECT_TRUE(Await(t.event).ok());
   EXPECT_TRUE(Await(t.host_released).ok());
   EXPECT_NE(t.host_released.id, t.event.id);
-  EXPECT_TRUE(Destroy(t.event).ok());
-  EXPECT_TRUE(Destroy(t.host_released).ok());
+  EXPECT_TRUE(DestroyEvent(t.event).ok());
+  EXPECT_TRUE(DestroyEvent(t.host_released).ok());
 }
 
 TEST_F(EventsCApiTest, SetFromAnotherThreadWhileThreadsAwaitIt) {
@@ -515,7 +441,7 @@ TEST_F(EventsCApiTest, SetFromAnotherThreadWhileThreadsAwaitIt) {
   setter.join();
   for (auto& t : threads) t.join();
   EXPECT_EQ(ok.load(), kThreads);
-  EXPECT_TRUE(Destroy(gate).ok());
+  EXPECT_TRUE(DestroyEvent(gate).ok());
 }
 
 }  // namespace

@@ -1,6 +1,8 @@
 // Fault sweeps (the reliability issue's part 3): every
 // injectable call that System start-up, a representative transfer on each
-// path and System teardown make is failed in turn. SweepEveryCall runs each
+// path, the 1.4 paths (memory-kind copies, pinned_host allocations, a
+// chunked transfer, both events of a transfer, an alias of a registration)
+// and System teardown make is failed in turn. SweepEveryCall runs each
 // scenario once to count its calls per fault point (mmap, madvise, mlock,
 // numa, alloc, dma, pin, log_open), then once per call with exactly that
 // call failing. One FaultInjector decides every point: the alloc and dma
@@ -24,6 +26,7 @@
 #include <cstdint>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -342,8 +345,7 @@ TEST_F(FaultSweepTest, EveryRegionOffStartupCallFailsCleanly) {
           if (!system.ok()) {
             ASSERT_TRUE(run.point().has_value())
                 << "start-up failed with nothing injected: " << system.status();
-            EXPECT_THAT(*run.point(),
-                        AnyOf(FaultPoint::kMmap))
+            EXPECT_THAT(*run.point(), AnyOf(FaultPoint::kMmap))
                 << system.status();
             EXPECT_EQ(system.status().code(), InjectedCode(*run.point()));
             EXPECT_THAT(system.status().message(),
@@ -602,6 +604,235 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<TransferCase>& param) {
       return std::string(param.param.name);
     });
+
+// ---- Memory kinds, events, chunked transfers, registrations (1.4) -----------
+
+// A scenario of the 1.4 surface: `op` runs in the window, calls `close`
+// when the operation under test is over (before it reads anything back),
+// frees everything it made and returns the operation's status (every event
+// it made awaited). It must end OK or with exactly the injected
+// failure; then nothing of it is live: no region allocation, registration,
+// pinned byte, staging byte or pending event; after the system goes,
+// nothing is mapped, locked, pinned or open.
+class NewPathFaultSweepTest : public FaultSweepTest {
+ protected:
+  absl::StatusOr<FaultSweepReport> SweepOp(
+      const std::string& phase,
+      const std::function<absl::Status(System&, const std::function<void()>&)>&
+          op) {
+    return Sweep(phase, [&](FaultSweepRun& run) {
+      logging::ShutdownLogging();
+      TempDir logs;
+      StderrCapture diagnostics;
+      {
+        absl::StatusOr<std::unique_ptr<System>> started =
+            Start(SweepOptions(logs.path()));
+        ASSERT_TRUE(started.ok()) << started.status();
+        System& system = **started;
+        OpenWindow(run);
+        const absl::Status status = op(system, [&run] { CloseWindow(run); });
+        CloseWindow(run);
+        if (!status.ok()) {
+          ASSERT_TRUE(run.point().has_value())
+              << "failed with nothing injected: " << status;
+          EXPECT_EQ(status.code(), InjectedCode(*run.point())) << status;
+          EXPECT_THAT(status.message(), HasSubstr(run.InjectedTag()));
+        }
+        const SystemStats stats = system.GetStats();
+        EXPECT_EQ(stats.region.live_allocations, 0u);
+        EXPECT_EQ(stats.transfers.registrations_live, 0u);
+        EXPECT_EQ(stats.transfers.pinned_bytes_now, 0u);
+        EXPECT_EQ(stats.transfers.staging_bytes_in_flight, 0u);
+        EXPECT_EQ(stats.transfers.events_pending, 0u);
+      }
+      ExpectNothingLeft(logs);
+    });
+  }
+};
+
+// The first failed status of `statuses` (OK when none failed).
+absl::Status FirstError(std::initializer_list<absl::Status> statuses) {
+  for (const absl::Status& s : statuses) {
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+// pinned_host -> device -> pinned_host, one DMA each way (nothing staged,
+// so every run makes the same calls).
+TEST_F(NewPathFaultSweepTest, MemoryKindCopiesFailCleanly) {
+  const uint64_t n = kMiB + 100;
+  absl::StatusOr<FaultSweepReport> report = SweepOp(
+      "pinned_host<->device copy",
+      [&](System& system, const std::function<void()>& close) {
+        const std::vector<char> data = Pattern(n, 3);
+        const int pinned = system.memory_of_kind(MemoryKind::kPinnedHost);
+        absl::StatusOr<MemoryBuffer> host = system.AllocateInMemory(pinned, n);
+        if (!host.ok()) return host.status();
+        std::memcpy(host->data(), data.data(), n);
+        absl::StatusOr<MemoryCopy> up = system.CopyToMemory(*host, 0);
+        absl::Status status = up.ok() ? Wait(up->event) : up.status();
+        absl::StatusOr<MemoryCopy> down;
+        if (status.ok()) {
+          down = system.CopyToMemory(up->buffer, pinned);
+          status = down.ok() ? Wait(down->event) : down.status();
+        }
+        close();
+        if (status.ok()) {
+          EXPECT_TRUE(std::memcmp(down->buffer.data(), data.data(), n) == 0);
+        }
+        absl::Status freed = Wait(system.Free(*host));
+        if (up.ok()) freed.Update(Wait(system.Free(up->buffer)));
+        if (down.ok()) freed.Update(Wait(system.Free(down->buffer)));
+        EXPECT_TRUE(freed.ok()) << freed;
+        return status;
+      });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->ToString(), "2 points, 8 runs (alloc 2, dma 6)");
+}
+
+// Byte and shaped buffers in pinned_host come from the region.
+TEST_F(NewPathFaultSweepTest, PinnedHostAllocationsFailCleanly) {
+  absl::StatusOr<FaultSweepReport> report = SweepOp(
+      "pinned_host allocation",
+      [&](System& system, const std::function<void()>&) {
+        const int pinned = system.memory_of_kind(MemoryKind::kPinnedHost);
+        absl::StatusOr<MemoryBuffer> bytes =
+            system.AllocateInMemory(pinned, 300 * kKiB);
+        absl::StatusOr<MemoryBuffer> shaped = system.AllocateInMemory(
+            pinned, DeviceBufferSpec{.shape = "f32[100,100]"});
+        absl::Status freed;
+        if (bytes.ok()) freed.Update(Wait(system.Free(*bytes)));
+        if (shaped.ok()) freed.Update(Wait(system.Free(*shaped)));
+        EXPECT_TRUE(freed.ok()) << freed;
+        return FirstError({bytes.status(), shaped.status()});
+      });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->ToString(), "1 point, 2 runs (alloc 2)");
+}
+
+// A chunked transfer: every chunk's events resolve, and the buffer's
+// ready event fails with the first chunk that failed.
+TEST_F(NewPathFaultSweepTest, ChunkedTransfersFailCleanly) {
+  const uint64_t chunk = 100 * kKiB + 3;
+  const uint64_t n = 3 * chunk;
+  absl::StatusOr<FaultSweepReport> report =
+      SweepOp("chunked transfer",
+              [&](System& system, const std::function<void()>& close) {
+                const std::vector<char> data = Pattern(n, 4);
+                absl::StatusOr<DeviceBuffer> b = system.AllocateDevice(0, n);
+                if (!b.ok()) return b.status();
+                absl::Status status = system.BeginChunkedTransfer(*b);
+                absl::Status first_chunk_error;
+                for (int i = 0; i < 3 && status.ok(); ++i) {
+                  absl::StatusOr<TransferEvents> e = system.TransferChunk(
+                      data.data() + i * chunk, *b, i * chunk, chunk,
+                      /*is_last=*/i == 2);
+                  if (!e.ok()) {
+                    status = e.status();
+                    break;
+                  }
+                  const absl::Status ready = Wait(e->ready);
+                  const absl::Status released = Wait(e->host_released);
+                  EXPECT_TRUE(released.ok() || released == ready) << released;
+                  if (first_chunk_error.ok()) first_chunk_error = ready;
+                }
+                if (status.ok()) {
+                  status = Wait(system.BufferReadyEvent(*b));
+                  EXPECT_EQ(status, first_chunk_error);
+                }
+                close();
+                if (status.ok()) {
+                  EXPECT_TRUE(ReadBack(system, *b, n) == data);
+                }
+                Free(system, *b);
+                return status;
+              });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_EQ(report->ToString(), "2 points, 6 runs (alloc 3, dma 3)");
+}
+
+// Both events of a host→device transfer resolve, staged and pinned:
+// host_released OK (every byte was read) or the same error as ready.
+TEST_F(NewPathFaultSweepTest, TransfersWithEventsResolveBothEvents) {
+  struct Case {
+    uint64_t bytes;
+    const char* calls;
+  };
+  for (const Case& c :
+       {Case{300 * kKiB + 7, "2 points, 2 runs (alloc 1, dma 1)"},
+        Case{2 * kMiB + 512 * kKiB + 100,
+             "3 points, 8 runs (dma 6, pin 1, log_open 1)"}}) {
+    const uint64_t n = c.bytes;
+    SCOPED_TRACE(n);
+    absl::StatusOr<FaultSweepReport> report = SweepOp(
+        absl::StrCat("TransferToDeviceWithEvents ", n),
+        [&](System& system, const std::function<void()>& close) {
+          const std::vector<char> data = Pattern(n, 5);
+          absl::StatusOr<DeviceBuffer> b = system.AllocateDevice(0, n);
+          if (!b.ok()) return b.status();
+          absl::StatusOr<TransferEvents> e =
+              system.TransferToDeviceWithEvents(data.data(), *b, 0, n);
+          absl::Status status = e.status();
+          if (e.ok()) {
+            status = Wait(e->ready);
+            const absl::Status released = Wait(e->host_released);
+            EXPECT_TRUE(released.ok() || released == status) << released;
+          }
+          close();
+          if (status.ok()) {
+            EXPECT_TRUE(ReadBack(system, *b, n) == data);
+          }
+          Free(system, *b);
+          return status;
+        });
+    ASSERT_TRUE(report.ok()) << report.status();
+    EXPECT_EQ(report->ToString(), c.calls);
+  }
+}
+
+// A pinned_host buffer aliasing a registration: registering (pin, fork
+// advice), the DMA out of it, unregistering.
+TEST_F(NewPathFaultSweepTest, AliasingARegistrationFailsCleanly) {
+  const uint64_t n = 1024 * kKiB;
+  absl::StatusOr<FaultSweepReport> report = SweepOp(
+      "pinned_host alias of a registration",
+      [&](System& system, const std::function<void()>& close) {
+        std::vector<char> mem = Pattern(n, 6);
+        absl::StatusOr<HostRegistration> reg =
+            system.RegisterHostMemory(mem.data(), n);
+        if (!reg.ok()) return reg.status();
+        absl::StatusOr<MemoryCopy> alias = system.CreateMemoryBuffer(
+            mem.data(), n, system.memory_of_kind(MemoryKind::kPinnedHost),
+            HostBufferSemantics::kMutableZeroCopy);
+        absl::Status status = alias.status();
+        absl::StatusOr<MemoryCopy> up;
+        if (status.ok()) {
+          EXPECT_TRUE(alias->buffer.aliases_caller_memory());
+          up = system.CopyToMemory(alias->buffer, /*memory=*/0);
+          status = up.ok() ? Wait(up->event) : up.status();
+        }
+        if (alias.ok()) {
+          EXPECT_TRUE(Wait(system.Free(alias->buffer)).ok());
+          EXPECT_TRUE(Wait(alias->host_released).ok());
+        }
+        // Unregistering is part of the sweep: munlock / unpin may fail.
+        status.Update(reg->Unregister());
+        close();
+        if (status.ok()) {
+          EXPECT_TRUE(ReadBack(system, up->buffer.device_buffer(), n) == mem);
+        }
+        if (up.ok()) {
+          EXPECT_TRUE(Wait(system.Free(up->buffer)).ok());
+        }
+        return status;
+      });
+  ASSERT_TRUE(report.ok()) << report.status();
+  EXPECT_GE(
+      Calls(*report, FaultPoint::kPin) + Calls(*report, FaultPoint::kMlock),
+      1u);
+  EXPECT_GE(Calls(*report, FaultPoint::kDma), 1u);
+}
 
 // ---- Teardown ---------------------------------------------------------------
 

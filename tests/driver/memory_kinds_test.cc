@@ -643,6 +643,69 @@ TEST_F(MemoryKindsTest, UnpinnedHostAliasesAnyCallerMemory) {
   EXPECT_EQ(system_->GetMemoryStats(unpinned())->bytes_in_use, 0u);
 }
 
+// CreateMemoryBuffer of one array: the dense bytes in, the tiled image
+// held; aliased only where the layout keeps the dense bytes as they are;
+// host_released as PJRT's done_with_host_buffer.
+TEST_F(MemoryKindsTest, CreateMemoryBufferFromADenseArray) {
+  Start();
+  // f32[8,128] with T(8,128) is one whole tile: its image is the dense
+  // array, so the zero-copy semantics alias it.
+  std::vector<float> whole(8 * 128);
+  std::iota(whole.begin(), whole.end(), 0.0f);
+  auto alias = system_->CreateMemoryBuffer(
+      whole.data(), unpinned(),
+      DeviceBufferSpec{.shape = "f32[8,128]{1,0:T(8,128)}", .label = "w"},
+      HostBufferSemantics::kImmutableZeroCopy);
+  ASSERT_TRUE(alias.ok()) << alias.status();
+  EXPECT_TRUE(alias->buffer.aliases_caller_memory());
+  EXPECT_EQ(alias->buffer.data(), whole.data());
+  EXPECT_EQ(alias->buffer.shape(), "f32[8,128]{1,0:T(8,128)}");
+  EXPECT_EQ(alias->buffer.label(), "w");
+  EXPECT_TRUE(alias->event.IsReady());
+  // The caller's bytes are the buffer's until it is freed.
+  EXPECT_FALSE(alias->host_released.IsReady());
+  ASSERT_TRUE(system_->Free(alias->buffer)->Await().ok());
+  EXPECT_TRUE(alias->host_released.Await().ok());
+
+  // f32[4,10] pads to 8 x 128: laid out into new bytes, never aliased.
+  std::vector<float> dense(40);
+  std::iota(dense.begin(), dense.end(), 1.0f);
+  const DeviceBufferSpec padded{.shape = "f32[4,10]{1,0:T(8,128)}"};
+  auto copy =
+      system_->CreateMemoryBuffer(dense.data(), unpinned(), padded,
+                                  HostBufferSemantics::kImmutableZeroCopy);
+  ASSERT_TRUE(copy.ok()) << copy.status();
+  EXPECT_FALSE(copy->buffer.aliases_caller_memory());
+  ASSERT_EQ(copy->buffer.size(), 8u * 128 * 4);
+  const float* image = static_cast<const float*>(copy->buffer.data());
+  EXPECT_EQ(image[128 + 9], 20.0f);  // row 1, column 9
+  EXPECT_EQ(image[10], 0.0f);        // padding
+  EXPECT_TRUE(copy->host_released.Await().ok());
+  auto mut = system_->CreateMemoryBuffer(dense.data(), unpinned(), padded,
+                                         HostBufferSemantics::kMutableZeroCopy);
+  EXPECT_EQ(mut.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(mut.status().message(), HasSubstr("layout keeps"));
+
+  // Into device memory: the array transfer, with both its events; the
+  // buffer's ready event answers through the MemoryBuffer.
+  auto dev = system_->CreateMemoryBuffer(dense.data(), 0, padded);
+  ASSERT_TRUE(dev.ok()) << dev.status();
+  EXPECT_TRUE(dev->host_released.Await().ok());
+  EXPECT_TRUE(dev->event.Await().ok());
+  auto ready = system_->BufferReadyEvent(dev->buffer);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_TRUE(ready->Await().ok());
+  std::vector<float> back(40);
+  ASSERT_TRUE(
+      system_->TransferArrayFromDevice(dev->buffer.device_buffer(), back.data())
+          ->Await()
+          .ok());
+  EXPECT_EQ(back, dense);
+  auto bad = system_->CreateMemoryBuffer(dense.data(), 0,
+                                         DeviceBufferSpec{.shape = "f32[4,"});
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST_F(MemoryKindsTest, CopyingSemanticsCopyIntoNewBytes) {
   Start();
   std::vector<char> data = Pattern(4096, 23);

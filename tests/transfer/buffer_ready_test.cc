@@ -325,5 +325,104 @@ TEST(ChunkedTransferTest, ShapedBuffersTakeChunksOfTheirDeviceImage) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// A producer that gives up (PJRT's SetBufferError): the waiters see its
+// error, with the bytes no chunk covered, instead of waiting forever.
+TEST(ChunkedTransferTest, AbortFailsTheReadyEventNamingTheMissingBytes) {
+  auto rig = MakeRig();
+  ASSERT_NE(rig, nullptr);
+  TransferEngine& engine = rig->engine();
+  const uint64_t n = 4 * kKiB;
+  absl::StatusOr<DeviceBuffer> b = engine.Allocate(0, n);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(engine.BeginChunkedTransfer(*b).ok());
+  std::vector<char> src = Pattern(n, 5);
+  // Two chunks that overlap: 1536 bytes covered, 2560 missing.
+  absl::StatusOr<TransferEvents> first =
+      engine.TransferChunk(src.data(), *b, 0, kKiB, false);
+  absl::StatusOr<TransferEvents> second =
+      engine.TransferChunk(src.data() + 512, *b, 512, kKiB, false);
+  ASSERT_TRUE(first.ok() && second.ok());
+  absl::StatusOr<Event> ready = engine.BufferReadyEvent(*b);
+  ASSERT_TRUE(ready.ok());
+  ASSERT_TRUE(engine
+                  .AbortChunkedTransfer(
+                      *b, absl::AbortedError("the input pipeline stopped"))
+                  .ok());
+  // Bounded, so that a ready event that never resolves fails the test
+  // instead of hanging it (a guard, not a timing claim).
+  const std::optional<absl::Status> got =
+      ready->AwaitWithTimeout(absl::Seconds(30));
+  ASSERT_TRUE(got.has_value()) << "the ready event never resolved";
+  const absl::Status s = *got;
+  EXPECT_EQ(s.code(), absl::StatusCode::kAborted);
+  EXPECT_THAT(s.message(), HasSubstr("the input pipeline stopped"));
+  EXPECT_THAT(s.message(),
+              HasSubstr("2560 of the buffer's 4096 bytes never came (2 chunks "
+                        "gave 1536 bytes)"));
+  // The chunks given still ran; the buffer stays failed from then on.
+  EXPECT_TRUE(first->ready.Await().ok());
+  EXPECT_TRUE(second->ready.Await().ok());
+  absl::StatusOr<Event> later = engine.BufferReadyEvent(*b);
+  ASSERT_TRUE(later.ok());
+  EXPECT_EQ(later->Await().code(), absl::StatusCode::kAborted);
+  // Closed: a later chunk is refused until another Begin.
+  EXPECT_EQ(engine.TransferChunk(src.data(), *b, 0, n, true).status().code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ChunkedTransferTest, AbortNamedErrorsChangeNothing) {
+  auto rig = MakeRig();
+  ASSERT_NE(rig, nullptr);
+  TransferEngine& engine = rig->engine();
+  absl::StatusOr<DeviceBuffer> b = engine.Allocate(0, 4 * kKiB);
+  ASSERT_TRUE(b.ok());
+  // Nothing open.
+  absl::Status none = engine.AbortChunkedTransfer(*b, absl::AbortedError("x"));
+  EXPECT_EQ(none.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(none.message(), HasSubstr("no chunked transfer"));
+  ASSERT_TRUE(engine.BeginChunkedTransfer(*b).ok());
+  // An OK error is no error to give.
+  absl::Status ok = engine.AbortChunkedTransfer(*b, absl::OkStatus());
+  EXPECT_EQ(ok.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(ok.message(), HasSubstr("the error is OK"));
+  EXPECT_EQ(engine.AbortChunkedTransfer(DeviceBuffer(), absl::AbortedError("x"))
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+  // Still open: the last chunk completes it as usual.
+  std::vector<char> src = Pattern(4 * kKiB, 6);
+  absl::StatusOr<TransferEvents> last =
+      engine.TransferChunk(src.data(), *b, 0, 4 * kKiB, true);
+  ASSERT_TRUE(last.ok());
+  absl::StatusOr<Event> ready = engine.BufferReadyEvent(*b);
+  ASSERT_TRUE(ready.ok());
+  EXPECT_TRUE(ready->Await().ok());
+  // Closed by its last chunk: nothing to abort.
+  EXPECT_EQ(engine.AbortChunkedTransfer(*b, absl::AbortedError("x")).code(),
+            absl::StatusCode::kFailedPrecondition);
+}
+
+TEST(ChunkedTransferTest, DeallocatingBeforeTheLastNamesTheMissingBytes) {
+  auto rig = MakeRig();
+  ASSERT_NE(rig, nullptr);
+  TransferEngine& engine = rig->engine();
+  absl::StatusOr<DeviceBuffer> b = engine.Allocate(0, 4 * kKiB);
+  ASSERT_TRUE(b.ok());
+  ASSERT_TRUE(engine.BeginChunkedTransfer(*b).ok());
+  std::vector<char> src = Pattern(kKiB, 7);
+  absl::StatusOr<TransferEvents> one =
+      engine.TransferChunk(src.data(), *b, 3 * kKiB, kKiB, false);
+  ASSERT_TRUE(one.ok());
+  absl::StatusOr<Event> ready = engine.BufferReadyEvent(*b);
+  ASSERT_TRUE(ready.ok());
+  absl::StatusOr<Event> freed = engine.Deallocate(*b);
+  ASSERT_TRUE(freed.ok());
+  EXPECT_TRUE(freed->Await().ok());
+  const absl::Status s = ready->Await();
+  EXPECT_EQ(s.code(), absl::StatusCode::kCancelled);
+  EXPECT_THAT(s.message(),
+              HasSubstr("3072 of the buffer's 4096 bytes never came (1 chunk "
+                        "gave 1024 bytes)"));
+}
+
 }  // namespace
 }  // namespace tpushim
