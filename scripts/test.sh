@@ -8,8 +8,11 @@
 #
 # Jobs (docs/testing.md says what each covers):
 #   release  GCC, Release, -Werror: every test, the benchmarks' CI mode,
-#            the install test, the examples and the VM tests (label `vm`:
-#            vfio:// on QEMU's NVMe behind a virtual IOMMU).    -> build/
+#            the install test, the examples (the Python ones too), the
+#            pytest suite of the Python package (ctest python_pytest; a
+#            build without the package fails the job) and the VM tests
+#            (label `vm`: vfio:// on QEMU's NVMe behind a virtual
+#            IOMMU).                                              -> build/
 #   asan     clang, ASan + UBSan (LeakSanitizer on) and -Wthread-safety
 #            as errors over all the code: every test, plus each libFuzzer
 #            target for a fixed number of runs over its seed corpus
@@ -44,8 +47,23 @@ sanitizer_env() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/tests/tsan.supp"
 }
 
+# The release job must run the Python suite: a configure that left the
+# package out (no pybind11 or NumPy found: scripts/setup.sh not run) is a
+# failure here, not a suite quietly skipped.
+require_python_suite() {
+  local dir=$1
+  if ! ctest --test-dir "$dir" -N -R '^python_pytest$' | grep -q 'Total Tests: 1$'; then
+    echo "scripts/test.sh: $dir has no python_pytest test: CMake left the" \
+      "Python package out (see its 'Python package' message; run" \
+      "scripts/setup.sh for python3-dev, pybind11-dev, python3-numpy," \
+      "python3-pytest and python3-torch)" >&2
+    return 1
+  fi
+}
+
 run_release() {
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTPUSHIM_BUILD_PYTHON=ON
+  require_python_suite build
   cmake --build build -j"$parallel"
   ctest --test-dir build --output-on-failure -j"$parallel"
 }
