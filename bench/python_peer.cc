@@ -10,11 +10,13 @@
 // "ready", then answers one command per line on stdin with one line of
 // per-round times in nanoseconds:
 //
-//   put <xla shape> <rounds>  device_put of a pinned host array: a device
-//                             buffer of the shape (AllocateDevice) and the
-//                             array's transfer from a PinnedHostBuffer
-//                             (TransferArrayToDevice), awaited; the buffer
-//                             is deallocated after each round, untimed
+//   put <xla shape> <rounds>  what tpushim.device_put does for a pinned
+//                             host array: a buffer of the shape in device
+//                             0's memory (AllocateInMemory) and the array's
+//                             transfer from a PinnedHostBuffer
+//                             (TransferArrayToDeviceWithEvents), ready
+//                             awaited; the buffer is freed after each
+//                             round, untimed (as `del` of the DeviceArray)
 //   rt <xla shape> <rounds>   round trip of a pageable host array: the
 //                             same put, then TransferArrayFromDevice into
 //                             another pageable array, both awaited
@@ -64,19 +66,22 @@ absl::StatusOr<int64_t> Round(tpushim::System& system, const std::string& shape,
                               const void* src, void* back) {
   tpushim::DeviceBufferSpec spec;
   spec.shape = shape;
+  const int memory =
+      system.memory_of_kind(tpushim::MemoryKind::kDevice, /*device=*/0);
   const Clock::time_point start = Clock::now();
-  absl::StatusOr<tpushim::DeviceBuffer> buffer = system.AllocateDevice(0, spec);
+  absl::StatusOr<tpushim::MemoryBuffer> buffer =
+      system.AllocateInMemory(memory, spec);
   if (!buffer.ok()) return buffer.status();
-  absl::StatusOr<tpushim::Event> up =
-      system.TransferArrayToDevice(src, *buffer);
-  absl::Status status = up.ok() ? up->Await() : up.status();
+  absl::StatusOr<tpushim::TransferEvents> up =
+      system.TransferArrayToDeviceWithEvents(src, buffer->device_buffer());
+  absl::Status status = up.ok() ? up->ready.Await() : up.status();
   if (status.ok() && back != nullptr) {
     absl::StatusOr<tpushim::Event> down =
-        system.TransferArrayFromDevice(*buffer, back);
+        system.TransferArrayFromDevice(buffer->device_buffer(), back);
     status = down.ok() ? down->Await() : down.status();
   }
   const int64_t ns = Ns(Clock::now() - start);
-  absl::StatusOr<tpushim::Event> freed = system.Deallocate(*buffer);
+  absl::StatusOr<tpushim::Event> freed = system.Free(*buffer);
   if (freed.ok()) freed->Await().IgnoreError();
   if (!status.ok()) return status;
   return ns;
