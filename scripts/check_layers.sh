@@ -13,7 +13,7 @@
 #   5  device      (device/sim/, device/vfio/, device/nvme/)
 #   6  transfer
 #   7  driver      with its public face include/tpushim/{system,memory,c_api,version}.h
-#   8  tools, bench, fuzz, examples
+#   8  tools, bench, fuzz, examples, python (the Python package's extension)
 #
 # A file may include its own layer and the ones below; the top folders may
 # not include each other. Only includes written `#include "<folder>/…"`
@@ -25,7 +25,7 @@ root=${1:-"$(cd "$(dirname "$0")/.." && pwd)"}
 cd "$root"
 
 files=$(find common env logging allocator device transfer driver tools bench \
-  fuzz examples include -type f \( -name '*.h' -o -name '*.cc' -o -name '*.c' \) \
+  fuzz examples python include -type f \( -name '*.h' -o -name '*.cc' -o -name '*.c' \) \
   2>/dev/null | sort || true)
 folders=$(find . -mindepth 1 -maxdepth 1 -type d -printf '%f\n' | tr '\n' ' ')
 
@@ -36,7 +36,7 @@ grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' $files /dev/null |
     BEGIN {
       split("common env logging allocator device transfer driver", lower, " ")
       for (i = 1; i <= 7; ++i) layer[lower[i]] = i
-      split("tools bench fuzz examples", top, " ")
+      split("tools bench fuzz examples python", top, " ")
       for (i in top) layer[top[i]] = 8
       split(folders, f, " ")
       for (i in f) is_folder[f[i]] = 1
@@ -81,5 +81,5 @@ grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' $files /dev/null |
     END { exit bad }
   ' && exit 0
 
-echo "check_layers: layers only point down: the include/tpushim vocabulary → common → env → logging → allocator → device → transfer → driver (with include/tpushim/system.h, c_api.h, version.h) → tools, bench, fuzz, examples" >&2
+echo "check_layers: layers only point down: the include/tpushim vocabulary → common → env → logging → allocator → device → transfer → driver (with include/tpushim/system.h, c_api.h, version.h) → tools, bench, fuzz, examples, python" >&2
 exit 1

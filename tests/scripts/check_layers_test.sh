@@ -9,7 +9,7 @@ trap 'rm -rf "$work"' EXIT
 
 bash "$script" "$checkout"
 
-mkdir -p "$work"/{common,device,transfer,driver,tools,bench,tests,include/tpushim}
+mkdir -p "$work"/{common,device,transfer,driver,tools,bench,tests,include/tpushim,python/src}
 cat >"$work/device/sim.cc" <<'SRC'
 #include "common/mutex.h"
 #include "device/device.h"
@@ -28,6 +28,11 @@ cat >"$work/tools/t.cc" <<'SRC'
 #include "driver/system_internal.h"
 #include "bench/x.h"
 SRC
+cat >"$work/python/src/m.cc" <<'SRC'
+#include "tpushim/system.h"
+#include "driver/system_internal.h"
+#include "tools/cli/flags.h"
+SRC
 cat >"$work/include/tpushim/stats.h" <<'SRC'
 #include "tpushim/transfer.h"
 #include "tpushim/c_api.h"
@@ -43,6 +48,7 @@ expect=(
   'common/x.h:1: includes "tests/testing/temp_dir.h": tests/ is not a layer of the library'
   'tools/t.cc:2: includes "bench/x.h": the top folders tools and bench do not include each other'
   'include/tpushim/stats.h:2: includes "tpushim/c_api.h", a layer above its own'
+  'python/src/m.cc:3: includes "tools/cli/flags.h": the top folders python and tools do not include each other'
 )
 for line in "${expect[@]}"; do
   if ! grep -qF "$line" <<<"$out"; then

@@ -1,0 +1,107 @@
+// Shared pieces of the extension module tpushim._tpushim: the System as
+// Python holds it (Runtime), status → exception, the completion queue
+// and the per-file registration functions module.cc calls.
+//
+// The extension is thin: it converts Python values, releases the GIL
+// around every call that may block, and calls the C++ API
+// (include/tpushim/). Behaviour lives in C++; conveniences live in the
+// pure-Python modules beside it (python/tpushim/).
+//
+// Thread-safety: Runtime is thread-safe; everything else is used with the
+// GIL held unless a comment says otherwise.
+
+#ifndef TPUSHIM_PYTHON_SRC_COMMON_H_
+#define TPUSHIM_PYTHON_SRC_COMMON_H_
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "tpushim/system.h"
+
+namespace tpushim_py {
+
+namespace py = pybind11;
+
+// Raises the tpushim.Error subclass for `status`'s code (tpushim/_errors.py)
+// with its message. REQUIRES: !status.ok(); the GIL held.
+[[noreturn]] void ThrowStatus(const absl::Status& status);
+// The exception object ThrowStatus raises, not raised.
+py::object ErrorObject(const absl::Status& status);
+// The status a tpushim.Error (or any exception: UNKNOWN) stands for.
+absl::Status StatusOfError(const py::handle& error);
+inline void ThrowIfError(const absl::Status& status) {
+  if (!status.ok()) ThrowStatus(status);
+}
+template <typename T>
+T ValueOrThrow(absl::StatusOr<T> value) {
+  if (!value.ok()) ThrowStatus(value.status());
+  return *std::move(value);
+}
+
+// One tpushim::System as the Python objects made from it hold it.
+//
+// close() drops the Runtime's own reference and makes every later use a
+// ValueError ("... System is closed"); the C++ System is destroyed when
+// the last reference goes: at once, unless a pinned array from it still
+// lives or a call is running (they hold references, so their memory stays
+// valid and no call races the destruction).
+class Runtime {
+ public:
+  explicit Runtime(std::unique_ptr<tpushim::System> system)
+      : system_(std::move(system)) {}
+
+  // The System for one call; ValueError naming `what` when closed.
+  std::shared_ptr<tpushim::System> Use(const char* what) const;
+  // Null once closed.
+  std::shared_ptr<tpushim::System> Peek() const;
+  bool closed() const;
+  // Returns the reference it held (the caller drops it without the GIL).
+  std::shared_ptr<tpushim::System> Close();
+
+ private:
+  mutable absl::Mutex mu_;
+  std::shared_ptr<tpushim::System> system_
+      ABSL_GUARDED_BY(mu_);  // null once closed
+};
+
+// Waits for `event` in slices of at most kWaitSlice with the GIL released,
+// checking for signals between slices (Ctrl-C raises KeyboardInterrupt
+// within a slice). `timeout` in seconds (nullopt: no limit). Returns the
+// event's status, or nullopt on timeout. REQUIRES: the GIL held.
+inline constexpr absl::Duration kWaitSlice = absl::Milliseconds(50);
+std::optional<absl::Status> WaitInterruptibly(const tpushim::Event& event,
+                                              std::optional<double> timeout);
+
+// The completion queue (completions.cc): C++ callbacks post Python work
+// to it without the GIL; the module's dispatcher thread
+// (tpushim/_events.py) runs it with the GIL.
+//   PostCallback: calls fn(arg) on the dispatcher thread, then drops both.
+//   PostRelease: drops `object` on the dispatcher thread (or whoever next
+//                drains the queue with the GIL).
+// Both steal a reference; safe to call without the GIL.
+void PostCallback(PyObject* fn, PyObject* arg);
+void PostRelease(PyObject* object);
+// Keeps `object` alive until `event` is ready (a transfer reading or
+// writing its memory). REQUIRES: the GIL held.
+void KeepAliveUntil(const tpushim::Event& event, const py::object& object);
+
+// tpushim::Event as Python sees it (events.cc).
+py::object WrapEvent(tpushim::Event event);
+
+void RegisterCompletions(py::module_& m);
+void RegisterEvents(py::module_& m);
+void RegisterSystem(py::module_& m);
+void RegisterArrays(py::module_& m);
+
+}  // namespace tpushim_py
+
+#endif  // TPUSHIM_PYTHON_SRC_COMMON_H_
