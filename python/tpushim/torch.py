@@ -595,14 +595,16 @@ class DeviceLoader:
             self._outstanding += 1
 
         def on_released(_event):
+            # On the module's callback thread. The slab goes back before
+            # close() can see the count drop, so never into a closed pool.
             with self._lock:
                 remaining[0] -= 1
                 if remaining[0]:
                     return
+                if not self.pool._closed:
+                    self.pool.release(batch)
                 self._outstanding -= 1
                 self._released.notify_all()
-            if not self.pool._closed:
-                self.pool.release(batch)
 
         if not parts:  # nothing to transfer: the slab is free at once
             remaining[0] = 1
@@ -659,12 +661,16 @@ class DeviceLoader:
         if shutdown is not None:
             shutdown()
         del it
+        # Batches put but not yielded: their copies finish (ready, after
+        # host_released: a staged copy holds region staging until then),
+        # then their device memory goes with them.
         for _, parts in self._pending:
             for x in parts:
-                try:
-                    x.host_released.wait()
-                except Exception:
-                    pass  # a failed copy has let go of the slab too
+                for event in (x.host_released, x.ready):
+                    try:
+                        event.wait()
+                    except Exception:
+                        pass  # a failed copy has let go of the slab too
         self._pending.clear()
         with self._lock:
             while self._outstanding:

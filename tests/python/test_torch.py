@@ -23,11 +23,11 @@ BATCH = 8
 
 
 @pytest.fixture
-def system():
+def system(run_dir):
     # A slow link (latency per descriptor) keeps device copies in flight
     # long enough that a slab handed back before its host_released event
     # would be overwritten while the device still reads it.
-    with tpushim.System(premapped_buffer_size="64M", device="sim://?devices=2&latency_us=50", log_dir="disabled") as s:
+    with tpushim.System(premapped_buffer_size="64M", device="sim://?devices=2&latency_us=50", run_dir=run_dir) as s:
         yield s
 
 
@@ -100,6 +100,36 @@ def test_two_workers_thousand_batches_every_byte_checked(system):
     # the host) went straight from the registered slabs.
     assert after - before == 1000
     assert pinned_now(system) == NOTHING_PINNED
+
+
+def test_a_slab_returns_to_the_ring_only_after_host_released(system, monkeypatch):
+    # Every device_put of the pipeline, by the address of its host array.
+    puts = []
+    real_put = tpushim.device_put
+
+    def recording_put(array, *args, **kwargs):
+        dev = real_put(array, *args, **kwargs)
+        puts.append((array.__array_interface__["data"][0], array.nbytes, dev))
+        return dev
+
+    monkeypatch.setattr(tpushim, "device_put", recording_put)
+    early = []
+    real_release = tt.PinnedBatchPool.release
+
+    def checking_release(pool, batch):
+        start = pool._slabs[batch.slab].__array_interface__["data"][0]
+        for address, nbytes, dev in puts:
+            if start <= address < start + pool.slab_bytes and not dev.host_released.done():
+                early.append(batch.slab)
+        real_release(pool, batch)
+
+    monkeypatch.setattr(tt.PinnedBatchPool, "release", checking_release)
+    for workers in (2, 0):
+        puts.clear()
+        with tt.pipeline(Images(50 * BATCH), batch_size=BATCH, num_workers=workers) as loader:
+            check_batches(loader, 50)
+        assert len(puts) == 100
+    assert early == []
 
 
 def test_no_workers_collates_into_the_premapped_region(system):
@@ -183,12 +213,11 @@ def test_collate_writes_in_place_and_tensors_share_the_slab(system):
     with tt.PinnedBatchPool(tt.batch_nbytes([Images(1)[0]] * BATCH), 2, shared=True) as pool:
         batch = pool.collate([Images(BATCH)[i] for i in range(BATCH)])
         images, labels = pool.tensors(batch)
-        slab = pool.arrays(batch)[0].base
         # torch.from_numpy over the registered slab: no copy anywhere.
         assert np.shares_memory(images.numpy(), pool._slabs[batch.slab])
         assert images.shape == (BATCH, 8, 128) and labels.dtype == torch.int64
         assert np.array_equal(images.numpy(), np.stack([sample(i) for i in range(BATCH)]))
-        del images, labels, slab
+        del images, labels
         pool.release(batch)
         assert pinned_now(system)["registrations"] == 2
     assert pinned_now(system) == NOTHING_PINNED
@@ -217,7 +246,7 @@ CTRL_C_SCRIPT = textwrap.dedent(
     class Slow(torch.utils.data.Dataset):
         def __len__(self): return 10**6
         def __getitem__(self, i): return torch.full((8, 128), float(i % 7)), i
-    with tpushim.System(premapped_buffer_size="64M", log_dir="disabled") as system:
+    with tpushim.System(premapped_buffer_size="64M") as system:
         try:
             with tt.pipeline(Slow(), batch_size=8, num_workers=2) as loader:
                 for n, _ in enumerate(loader):
@@ -234,8 +263,8 @@ CTRL_C_SCRIPT = textwrap.dedent(
 )
 
 
-def test_ctrl_c_stops_the_pipeline_and_frees_everything():
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+def test_ctrl_c_stops_the_pipeline_and_frees_everything(subprocess_env):
+    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=subprocess_env)
     try:
         assert proc.stdout.readline().strip() == "running"
         # As a terminal does: SIGINT to the whole process group (workers too).
