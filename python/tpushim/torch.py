@@ -21,17 +21,24 @@ The pieces, usable on their own:
   free slab (``torch.stack(..., out=)`` over ``torch.from_numpy`` views: the
   stacking is the only write of the batch's bytes). Two kinds of slab:
 
-  - ``shared=True`` (needed with ``num_workers > 0``): shared-memory files
-    (memfd) the parent registers with ``tpushim.register`` (DmaMap). Pinned
-    memory is not inherited by ``fork()`` (MADV_DONTFORK): a forked worker
-    sees the parent's registered mapping as a hole. So each worker maps the
-    same files itself, writes the batch there, and sends the parent only the
-    slab's number and the batch's layout; the parent transfers from its own,
-    registered mapping of the same pages.
+  - ``shared=True`` (the default): shared-memory files (memfd) the parent
+    registers with ``tpushim.register`` (DmaMap). Pinned memory is not
+    inherited by ``fork()`` (MADV_DONTFORK): a forked worker sees the
+    parent's registered mapping as a hole. So each worker maps the same
+    files itself, writes the batch there, and sends the parent only the
+    slab's number and the batch's layout; the parent transfers from its
+    own, registered mapping of the same pages. With ``num_workers=0`` the
+    collate writes through the parent's mapping.
   - ``shared=False``: ``tpushim.pinned_empty`` buffers of the premapped
-    region. Only the process that made them can use them, so these serve a
-    ``num_workers=0`` loader (the collate then runs in the main process); a
-    worker that tries is told so by name.
+    region. Only the process that made them can use them, so only a
+    ``num_workers=0`` loader can (a worker that tries is told so by name).
+
+  Which host copy the device transfer then makes is the runtime's rule for
+  arrays: a leaf whose device layout is its dense bytes (f32[B,8,128],
+  f32[B,128] with B a multiple of 8, rank-1 arrays of whole 256-element
+  tiles, ...) goes zero-copy from registered memory; any other leaf, and
+  every leaf from the region, goes through the staging copy that lays it
+  out in TPU's tiles (stats()["transfers"]["h2d"] counts which).
 
   A slab goes back to the ring when every transfer reading it has released
   the host buffer (the ``host_released`` events), never earlier.
@@ -692,16 +699,14 @@ class DeviceLoader:
             pass
 
 
-def pipeline(dataset, batch_size=1, *, num_workers=0, device=0, memory_kind="device", prefetch=2, wait_ready=True, batch_bytes=None, shared=None, system=None, **loader_kwargs):
+def pipeline(dataset, batch_size=1, *, num_workers=0, device=0, memory_kind="device", prefetch=2, wait_ready=True, batch_bytes=None, shared=True, system=None, **loader_kwargs):
     """A DataLoader over `dataset` collating into a new PinnedBatchPool,
     wrapped in a DeviceLoader that owns the pool (closing it frees it).
 
     batch_bytes: a slab's size; default: what a batch of `batch_size`
-    copies of ``dataset[0]`` takes. shared: default num_workers > 0. The
+    copies of ``dataset[0]`` takes. shared: see PinnedBatchPool. The
     other keywords go to ``torch.utils.data.DataLoader``.
     """
-    if shared is None:
-        shared = num_workers > 0
     if batch_bytes is None:
         batch_bytes = batch_nbytes([dataset[0]] * batch_size)
     prefetch_factor = loader_kwargs.get("prefetch_factor", 2) if num_workers > 0 else 0

@@ -132,8 +132,17 @@ def test_a_slab_returns_to_the_ring_only_after_host_released(system, monkeypatch
     assert early == []
 
 
-def test_no_workers_collates_into_the_premapped_region(system):
+def test_no_workers_collates_through_the_parents_registered_mapping(system):
+    before = system.stats()["transfers"]["zero_copy_registered_transfers"][0]
     with tt.pipeline(Images(200 * BATCH), batch_size=BATCH, num_workers=0, device=1) as loader:
+        assert loader.pool.shared
+        check_batches(loader, 200)
+    assert system.stats()["transfers"]["zero_copy_registered_transfers"][0] - before == 200
+    assert pinned_now(system) == NOTHING_PINNED
+
+
+def test_no_workers_collates_into_the_premapped_region(system):
+    with tt.pipeline(Images(200 * BATCH), batch_size=BATCH, num_workers=0, device=1, shared=False) as loader:
         assert not loader.pool.shared
         assert pinned_now(system)["region_allocations"] == loader.pool.count
         check_batches(loader, 200)
