@@ -160,8 +160,10 @@ def _shape(shape, what):
     if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
         shape = (shape,)
     try:
+        if isinstance(shape, (str, bytes)):
+            raise TypeError
         dims = [int(d) for d in shape]
-    except TypeError:
+    except (TypeError, ValueError):
         raise TypeError("%s: shape=%r: expected an int or a tuple of ints"
                         % (what, shape)) from None
     for d in dims:

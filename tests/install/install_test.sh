@@ -7,7 +7,9 @@
 # Any missing piece fails the test; nothing is skipped.
 #
 # Environment (set by tests/install/CMakeLists.txt): BUILD_DIR, SOURCE_DIR,
-# CMAKE, CC, CXX, CFLAGS, CXXFLAGS, LDFLAGS, LIBDIR, VERSION, SOVERSION.
+# CMAKE, CC, CXX, CFLAGS, CXXFLAGS, LDFLAGS, LIBDIR, VERSION, SOVERSION;
+# PYTHON and PYTHON_DIR (the package's directory under the prefix) when the
+# build has the Python package, which is then imported from the prefix.
 
 set -euo pipefail
 
@@ -158,5 +160,23 @@ step "pkg-config: run the examples"
 run_example c_backend env -u LD_LIBRARY_PATH "$tmp/pc-c_backend" \
   "$libdir/libtpushim.so.$SOVERSION"
 run_example cpp_backend env "LD_LIBRARY_PATH=$libdir" "$tmp/pc-cpp_backend"
+
+# The Python package, when the build has it (PYTHON and PYTHON_DIR set).
+if [[ -n "${PYTHON_DIR:-}" ]]; then
+  step "python: import tpushim from $prefix/$PYTHON_DIR"
+  [[ -f "$prefix/$PYTHON_DIR/tpushim/__init__.py" ]] ||
+    fail "the tpushim package is not installed in $prefix/$PYTHON_DIR"
+  mkdir -p "$tmp/run"
+  run_example python_tpushim env -u PYTHONPATH \
+    "PYTHONPATH=$prefix/$PYTHON_DIR" "TPUSHIM_RUN_DIR=$tmp/run" \
+    TPU_LOG_DIR=disabled "$PYTHON" -c '
+import numpy as np, tpushim
+assert tpushim.__file__.startswith("'"$prefix"'"), tpushim.__file__
+with tpushim.System(premapped_buffer_size="16M") as system:
+    host = tpushim.pinned_empty(1000, np.int32)
+    host[:] = np.arange(1000)
+    assert (np.asarray(tpushim.device_put(host)) == host).all()
+print("python_tpushim: OK")'
+fi
 
 step "passed"
