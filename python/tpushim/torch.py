@@ -33,12 +33,12 @@ The pieces, usable on their own:
     region. Only the process that made them can use them, so only a
     ``num_workers=0`` loader can (a worker that tries is told so by name).
 
-  Which host copy the device transfer then makes is the runtime's rule for
+  Which host copy the device transfer then makes is device_put's rule for
   arrays: a leaf whose device layout is its dense bytes (f32[B,8,128],
   f32[B,128] with B a multiple of 8, rank-1 arrays of whole 256-element
-  tiles, ...) goes zero-copy from registered memory; any other leaf, and
-  every leaf from the region, goes through the staging copy that lays it
-  out in TPU's tiles (stats()["transfers"]["h2d"] counts which).
+  tiles, ...) goes zero-copy from either kind of slab; any other leaf goes
+  through the staging copy that lays it out in TPU's tiles
+  (stats()["transfers"]["h2d"] counts which).
 
   A slab goes back to the ring when every transfer reading it has released
   the host buffer (the ``host_released`` events), never earlier.

@@ -142,10 +142,13 @@ def test_no_workers_collates_through_the_parents_registered_mapping(system):
 
 
 def test_no_workers_collates_into_the_premapped_region(system):
+    before = system.stats()["transfers"]["h2d"]["zero_copy"]["transfers"]
     with tt.pipeline(Images(200 * BATCH), batch_size=BATCH, num_workers=0, device=1, shared=False) as loader:
         assert not loader.pool.shared
         assert pinned_now(system)["region_allocations"] == loader.pool.count
         check_batches(loader, 200)
+    # The image blocks straight from the region's slabs.
+    assert system.stats()["transfers"]["h2d"]["zero_copy"]["transfers"] - before == 200
     assert pinned_now(system) == NOTHING_PINNED
 
 
