@@ -17,6 +17,7 @@
 //                             (TransferArrayToDeviceWithEvents), ready
 //                             awaited; the buffer is freed after each
 //                             round, untimed (as `del` of the DeviceArray)
+//   putp <xla shape> <rounds> the same from a pageable host array
 //   rt <xla shape> <rounds>   round trip of a pageable host array: the
 //                             same put, then TransferArrayFromDevice into
 //                             another pageable array, both awaited
@@ -124,8 +125,9 @@ int main(int argc, char** argv) {
     in >> command;
     if (command == "quit") break;
     in >> shape >> rounds;
-    if ((command != "put" && command != "rt") || shape.empty() || rounds < 1) {
-      std::printf("error: expected put|rt <shape> <rounds>, got \"%s\"\n",
+    if ((command != "put" && command != "putp" && command != "rt") ||
+        shape.empty() || rounds < 1) {
+      std::printf("error: expected put|putp|rt <shape> <rounds>, got \"%s\"\n",
                   line.c_str());
       std::fflush(stdout);
       continue;
@@ -159,7 +161,7 @@ int main(int argc, char** argv) {
       src = pinned.data();
     } else {
       pageable.assign(host_bytes, 1);
-      back.assign(host_bytes, 0);
+      if (command == "rt") back.assign(host_bytes, 0);
       src = pageable.data();
     }
     std::string out;
