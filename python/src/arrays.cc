@@ -280,7 +280,7 @@ py::array PinnedEmpty(const PySystem& self,
   if (nbytes == 0) return py::array(dtype, shape);  // nothing to pin
   absl::StatusOr<tpushim::PinnedHostBuffer> buffer;
   {
-    py::gil_scoped_release release;
+    GilRelease release;
     buffer = system->AllocatePinnedHost(nbytes);
   }
   ThrowIfError(buffer.status());
@@ -336,7 +336,7 @@ py::object DevicePut(const PySystem& self, const py::object& value,
     absl::StatusOr<tpushim::TransferEvents> events;
     const void* data = array.data();
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       buffer = system->AllocateInMemory(memory, spec);
       if (buffer.ok()) {
         events = DenseIsDeviceImage(*buffer, dev.shape)
@@ -365,7 +365,7 @@ py::object DevicePut(const PySystem& self, const py::object& value,
   absl::StatusOr<tpushim::MemoryCopy> copy;
   const void* data = array.data();
   {
-    py::gil_scoped_release release;
+    GilRelease release;
     copy = system->CreateMemoryBuffer(
         data, dev.nbytes, memory,
         tpushim::HostBufferSemantics::kImmutableOnlyDuringCall);
@@ -402,7 +402,7 @@ py::array DeviceGet(PyDeviceArray& dev, const py::object& out_arg) {
   if (dev.memory_kind == "device") {
     absl::StatusOr<tpushim::Event> done;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       tpushim::Event wait_for[] = {dev.ready};
       done = DenseIsDeviceImage(dev.buffer, dev.shape)
                  ? system->TransferFromDevice(dev.buffer.device_buffer(), 0,
@@ -449,7 +449,7 @@ then unregisters.
           [](PyRegistration& r) {
             absl::Status status;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               status = r.registration.Unregister();
             }
             r.array = py::none();
@@ -469,7 +469,7 @@ then unregisters.
       .def("__exit__", [](PyRegistration& r, py::args) {
         absl::Status status;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           status = r.registration.Unregister();
         }
         r.array = py::none();
@@ -561,7 +561,7 @@ or device_get(it, out=) brings it back as a NumPy array.
             py::array array = Contiguous(src, "write");
             absl::StatusOr<tpushim::TransferEvents> events;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               tpushim::Event wait_for[] = {d.ready};
               events = system->TransferToDeviceWithEvents(
                   array.data(), d.buffer.device_buffer(), offset,
@@ -589,7 +589,7 @@ or device_get(it, out=) brings it back as a NumPy array.
             py::array out = Destination(out_arg, "read");
             absl::StatusOr<tpushim::Event> done;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               tpushim::Event wait_for[] = {d.ready};
               done = system->TransferFromDevice(
                   d.buffer.device_buffer(), offset, out.mutable_data(),
@@ -660,7 +660,7 @@ or device_get(it, out=) brings it back as a NumPy array.
             const void* data = array.data();
             const uint64_t size = static_cast<uint64_t>(array.nbytes());
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               registration = system->RegisterHostMemory(data, size);
             }
             ThrowIfError(registration.status());

@@ -73,6 +73,23 @@ class Runtime {
       ABSL_GUARDED_BY(mu_);  // null once closed
 };
 
+// Releases the GIL for its scope, like py::gil_scoped_release, but its
+// destructor may throw: a thread that takes the GIL back while the
+// interpreter finalizes is ended by pthread_exit, whose unwinding must
+// pass through here (gil_scoped_release's noexcept destructor would turn
+// it into std::terminate: a crash at exit with a wait in a daemon thread).
+// Only code that does not throw may run in its scope.
+class GilRelease {
+ public:
+  GilRelease() : state_(PyEval_SaveThread()) {}
+  GilRelease(const GilRelease&) = delete;
+  GilRelease& operator=(const GilRelease&) = delete;
+  ~GilRelease() noexcept(false) { PyEval_RestoreThread(state_); }
+
+ private:
+  PyThreadState* state_;
+};
+
 // Waits for `event` in slices of at most kWaitSlice with the GIL released,
 // checking for signals between slices (Ctrl-C raises KeyboardInterrupt
 // within a slice). `timeout` in seconds (nullopt: no limit). Returns the

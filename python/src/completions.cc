@@ -82,7 +82,7 @@ void RegisterCompletions(py::module_& m) {
                                         : absl::InfiniteDuration();
         std::vector<Item> items;
         {
-          py::gil_scoped_release release;
+          GilRelease release;
           items = g_queue.load(std::memory_order_acquire)->Take(wait);
         }
         py::list callbacks;

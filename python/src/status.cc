@@ -41,7 +41,7 @@ std::optional<absl::Status> WaitInterruptibly(const tpushim::Event& event,
         kWaitSlice, std::max(deadline - absl::Now(), absl::ZeroDuration()));
     std::optional<absl::Status> status;
     {
-      py::gil_scoped_release release;
+      GilRelease release;
       status = event.AwaitWithTimeout(slice);
     }
     if (status.has_value()) return status;

@@ -277,7 +277,7 @@ void RegisterSystem(py::module_& m) {
              tpushim::OptionOverrides overrides = Overrides(options);
              absl::StatusOr<std::unique_ptr<tpushim::System>> system;
              {
-               py::gil_scoped_release release;
+               GilRelease release;
                system = tpushim::System::Create(overrides);
              }
              ThrowIfError(system.status());
@@ -288,7 +288,7 @@ void RegisterSystem(py::module_& m) {
           "close",
           [](PySystem& self) {
             std::shared_ptr<tpushim::System> system = self.runtime->Close();
-            py::gil_scoped_release release;
+            GilRelease release;
             system.reset();  // destroys it unless pinned arrays hold it
           },
           "Closes the runtime (idempotent): see tpushim.System.close.")
@@ -348,7 +348,7 @@ void RegisterSystem(py::module_& m) {
                 self.runtime->Use("await_premapped");
             absl::Status status;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               status = s->AwaitPremapped();
             }
             ThrowIfError(status);
@@ -383,7 +383,7 @@ void RegisterSystem(py::module_& m) {
             std::shared_ptr<tpushim::System> s = self.runtime->Use("stats");
             tpushim::SystemStats stats;
             {
-              py::gil_scoped_release release;
+              GilRelease release;
               stats = s->GetStats();
             }
             return StatsDict(stats);

@@ -46,6 +46,22 @@ def ensure_dispatcher():
             _thread = thread
 
 
+def run_pending():
+    """Runs the callbacks queued now on the calling thread (at exit, when
+    the dispatcher thread may no longer get to them)."""
+    while True:
+        batch = _tpushim._next_completions(0)
+        if not batch:
+            return
+        for fn, arg in batch:
+            try:
+                fn(arg)
+            except BaseException as error:  # noqa: B036 - reported
+                _tpushim._write_unraisable(
+                    error, "tpushim Event done callback %r" % (fn,))
+        del batch
+
+
 def _after_fork_in_child():
     global _lock, _thread
     _tpushim._after_fork_in_child()

@@ -1,5 +1,6 @@
 """tpushim.System and the module-level functions that use the current one."""
 
+import atexit
 import dataclasses
 import threading
 import weakref
@@ -154,6 +155,18 @@ class System(_tpushim._System):
         """The DeviceArray's values as a NumPy array (into `out` when given:
         C-contiguous, writable, of its dtype and shape). Waits."""
         return self._device_get(array, out)
+
+
+@atexit.register
+def _close_at_exit():
+    # Systems still open when the interpreter exits are closed in order
+    # (operations not started are cancelled, started ones finish), and the
+    # done callbacks that this makes runnable still run.
+    with _lock:
+        systems = list(_entered) + list(_open)
+    for system in reversed(systems):
+        system.close()
+    _events.run_pending()
 
 
 def _shape(shape, what):

@@ -4,6 +4,7 @@ reads, and fork() after import."""
 
 import gc
 import os
+import subprocess
 import sys
 import threading
 
@@ -202,3 +203,46 @@ def test_fork_child_gets_named_errors_and_can_start_its_own(run_dir, tmp_path):
     done.set()
     assert ran.wait(10)
     system.close()
+
+
+EXIT_CHILD = r"""
+import sys
+import threading
+import numpy as np
+import tpushim
+
+system = tpushim.System(premapped_buffer_size="16M",
+                        device="sim://?link_gbps=1")
+if sys.argv[1] == "pinned":
+    pinned = system.pinned_empty(1 << 20, np.uint8)
+devs = [system.device_put(np.ones(1 << 20, np.uint8)) for _ in range(4)]
+caller = system.create_event()
+caller.event.add_done_callback(
+    lambda e: print("callback:", type(e.exception()).__name__, flush=True))
+# A daemon thread blocked in a wait when the interpreter exits.
+threading.Thread(target=caller.event.wait, daemon=True).start()
+threading.Thread(target=devs[-1].block_until_ready, daemon=True).start()
+print("exiting", flush=True)
+"""
+
+
+@pytest.mark.parametrize("variant", ["plain", "pinned"])
+def test_exit_with_open_system_and_waiting_threads(subprocess_env, tmp_path,
+                                                   variant):
+    # Neither closed nor waited for: the interpreter's exit closes the
+    # System, runs the callbacks that makes runnable, and ends the waiting
+    # daemon threads without std::terminate. A pinned array alive at exit
+    # keeps the runtime (and the pending event) until the interpreter's
+    # last clean-up, when no callback can run any more.
+    run = tmp_path / "exit-run"
+    run.mkdir()
+    env = dict(subprocess_env, TPUSHIM_RUN_DIR=str(run))
+    done = subprocess.run([sys.executable, "-c", EXIT_CHILD, variant],
+                          env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    expected = ["exiting"]
+    if variant == "plain":
+        expected.append("callback: CancelledError")
+    assert done.stdout.splitlines() == expected
+    assert "terminate" not in done.stderr
