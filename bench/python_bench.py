@@ -57,7 +57,13 @@ class Peer:
 
     def __init__(self, path, region, run_dir):
         env = dict(os.environ, TPUSHIM_RUN_DIR=run_dir, TPU_LOG_DIR="disabled")
-        self.proc = subprocess.Popen([path, "--region=%d" % region], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+        self.proc = subprocess.Popen(
+            [path, "--region=%d" % region],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         line = self.proc.stdout.readline().strip()
         if line != "ready":
             raise RuntimeError("python_peer did not start: %r" % line)
@@ -163,7 +169,17 @@ def main():
     region = 2 * size + (64 << 20)
     peer_path = os.path.join(args.build, "bench", "python_peer")
 
-    print("python_bench: %d rounds, %s put, %d-trip 4 KiB round trips, %d-batch loaders; %d CPUs, load %.2f" % (args.rounds, args.size, args.rt_count, args.loader_batches, os.cpu_count(), os.getloadavg()[0]))
+    print(
+        "python_bench: %d rounds, %s put, %d-trip 4 KiB round trips, %d-batch loaders; %d CPUs, load %.2f"
+        % (
+            args.rounds,
+            args.size,
+            args.rt_count,
+            args.loader_batches,
+            os.cpu_count(),
+            os.getloadavg()[0],
+        )
+    )
     with tempfile.TemporaryDirectory(prefix="python_bench.") as tmp:
         os.environ["TPUSHIM_RUN_DIR"] = os.path.join(tmp, "py")
         os.makedirs(os.environ["TPUSHIM_RUN_DIR"])
@@ -222,14 +238,34 @@ def main():
     failed = False
     if ratios:
         med = statistics.median(ratios)
-        print("put %-10s Python %s GB/s, C++ %s GB/s, Python/C++ %s  goal >= 0.90: %s" % (args.size, spread(py_gbps, "%.2f"), spread(cpp_gbps, "%.2f"), spread(ratios, "%.3f"), "met" if med >= 0.9 else "MISSED"))
+        print(
+            "put %-10s Python %s GB/s, C++ %s GB/s, Python/C++ %s  goal >= 0.90: %s"
+            % (
+                args.size,
+                spread(py_gbps, "%.2f"),
+                spread(cpp_gbps, "%.2f"),
+                spread(ratios, "%.3f"),
+                "met" if med >= 0.9 else "MISSED",
+            )
+        )
         failed |= med < 0.9
     if rt_diff:
         med = statistics.median(rt_diff)
-        print("rt4k p50       Python %s us, C++ %s us, Python - C++ %s us  goal <= +10 us: %s" % (spread(rt_py, "%.1f"), spread(rt_cpp, "%.1f"), spread(rt_diff, "%+.1f"), "met" if med <= 10 else "MISSED"))
+        print(
+            "rt4k p50       Python %s us, C++ %s us, Python - C++ %s us  goal <= +10 us: %s"
+            % (
+                spread(rt_py, "%.1f"),
+                spread(rt_cpp, "%.1f"),
+                spread(rt_diff, "%+.1f"),
+                "met" if med <= 10 else "MISSED",
+            )
+        )
         failed |= med > 10
     if loader_ratio:
-        print("loader         tpushim.torch %s batches/s, pageable batches %s batches/s, ratio %s" % (spread(ours, "%.1f"), spread(theirs, "%.1f"), spread(loader_ratio, "%.2f")))
+        print(
+            "loader         tpushim.torch %s batches/s, pageable batches %s batches/s, ratio %s"
+            % (spread(ours, "%.1f"), spread(theirs, "%.1f"), spread(loader_ratio, "%.2f"))
+        )
     return 0 if args.short or not failed else 1
 
 

@@ -57,21 +57,31 @@ def main():
     p.add_argument("--batches", type=int, default=2000)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--devices", type=int, default=2, help="simulated devices; each batch is split across them")
+    p.add_argument(
+        "--devices", type=int, default=2, help="simulated devices; each batch is split across them"
+    )
     p.add_argument("--region", default="256M", help="premapped_buffer_size")
     p.add_argument("--no-check", action="store_true", help="skip reading every batch back")
     args = p.parse_args()
 
     dataset = Images(args.batches * args.batch_size)
     devices = list(range(args.devices))
-    with tpushim.System(premapped_buffer_size=args.region, device="sim://?devices=%d" % args.devices) as system:
+    with tpushim.System(
+        premapped_buffer_size=args.region, device="sim://?devices=%d" % args.devices
+    ) as system:
         before = system.stats()["transfers"]
         start = time.perf_counter()
         batches = 0
-        with tpushim.torch.pipeline(dataset, batch_size=args.batch_size, num_workers=args.workers, device=devices) as loader:
+        with tpushim.torch.pipeline(
+            dataset, batch_size=args.batch_size, num_workers=args.workers, device=devices
+        ) as loader:
             print(
                 "pool: %d slabs of %d bytes, %s"
-                % (loader.pool.count, loader.pool.slab_bytes, "shared memory, registered" if loader.pool.shared else "premapped region")
+                % (
+                    loader.pool.count,
+                    loader.pool.slab_bytes,
+                    "shared memory, registered" if loader.pool.shared else "premapped region",
+                )
             )
             for images, labels in loader:
                 # images: one DeviceArray per device (a shard of the batch).
@@ -90,10 +100,18 @@ def main():
                 batches += 1
         seconds = time.perf_counter() - start
         after = system.stats()["transfers"]
-        zero_copy = after["zero_copy_registered_transfers"][0] - before["zero_copy_registered_transfers"][0]
+        zero_copy = (
+            after["zero_copy_registered_transfers"][0] - before["zero_copy_registered_transfers"][0]
+        )
         image_bytes = batches * args.batch_size * 8 * 128 * 4
-        print("batches             %d of %d samples, %d workers, %d devices" % (batches, args.batch_size, args.workers, args.devices))
-        print("throughput          %.1f batches/s, %.1f MB/s of images" % (batches / seconds, image_bytes / seconds / 1e6))
+        print(
+            "batches             %d of %d samples, %d workers, %d devices"
+            % (batches, args.batch_size, args.workers, args.devices)
+        )
+        print(
+            "throughput          %.1f batches/s, %.1f MB/s of images"
+            % (batches / seconds, image_bytes / seconds / 1e6)
+        )
         print("zero-copy transfers %d from registered memory" % zero_copy)
         print("registered now      %d bytes" % after["registered_bytes"])
         print("data verified" if not args.no_check else "data not checked (--no-check)")

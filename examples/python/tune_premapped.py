@@ -51,7 +51,10 @@ def run_point(size, args):
             del dev
         seconds = time.perf_counter() - t0
         after = system.stats()["transfers"]["h2d"]
-        paths = {p: after[p]["transfers"] - before[p]["transfers"] for p in ("zero_copy", "staged", "pinned")}
+        paths = {
+            p: after[p]["transfers"] - before[p]["transfers"]
+            for p in ("zero_copy", "staged", "pinned")
+        }
     return {
         "size": size,
         "startup_s": startup,
@@ -76,17 +79,27 @@ def human(n):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--sizes", default="0,64M,256M,1G", help="comma list of region sizes (bytes or 64M, 1G)")
+    p.add_argument(
+        "--sizes", default="0,64M,256M,1G", help="comma list of region sizes (bytes or 64M, 1G)"
+    )
     p.add_argument("--size", default="32M", help="bytes of each device_put")
     p.add_argument("--transfers", type=int, default=64)
     p.add_argument("--device", default="sim://")
-    p.add_argument("--env", action="store_true", help="set TPU_PREMAPPED_BUFFER_SIZE instead of the keyword")
+    p.add_argument(
+        "--env", action="store_true", help="set TPU_PREMAPPED_BUFFER_SIZE instead of the keyword"
+    )
     args = p.parse_args()
     args.size = parse_size(args.size)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
 
-    print("device_put of %s float32 arrays from pageable memory, %d per point, %s" % (human(args.size), args.transfers, args.device))
-    print("%-8s %10s %12s  %s" % ("region", "start-up", "device_put", "paths (zero_copy/staged/pinned)"))
+    print(
+        "device_put of %s float32 arrays from pageable memory, %d per point, %s"
+        % (human(args.size), args.transfers, args.device)
+    )
+    print(
+        "%-8s %10s %12s  %s"
+        % ("region", "start-up", "device_put", "paths (zero_copy/staged/pinned)")
+    )
     failed = 0
     for size in sizes:
         r = run_point(size, args)
@@ -96,7 +109,14 @@ def main():
             continue
         print(
             "%-8s %8.3f s %7.2f GB/s  %d/%d/%d"
-            % (human(size), r["startup_s"], r["gbps"], r["paths"]["zero_copy"], r["paths"]["staged"], r["paths"]["pinned"])
+            % (
+                human(size),
+                r["startup_s"],
+                r["gbps"],
+                r["paths"]["zero_copy"],
+                r["paths"]["staged"],
+                r["paths"]["pinned"],
+            )
         )
     # The table is whole either way; a point that could not run fails the
     # sweep (exit 1) for scripts.

@@ -278,7 +278,9 @@ class _SharedCollate:
                 # of it is registered for DMA, hence not inherited (a hole).
                 fd = self._open(i)
                 try:
-                    m = mmap.mmap(fd, self.slab_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                    m = mmap.mmap(
+                        fd, self.slab_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+                    )
                 finally:
                     os.close(fd)
                 slab = np.frombuffer(m, dtype=np.uint8)
@@ -338,8 +340,7 @@ def _collate_into_pool(c, samples):
     if end > c.slab_bytes:
         raise ValueError(
             "tpushim.torch: a batch of %d bytes does not fit the pool's "
-            "batch_bytes=%d; make the pool with batch_bytes >= %d"
-            % (end, c.slab_bytes, end)
+            "batch_bytes=%d; make the pool with batch_bytes >= %d" % (end, c.slab_bytes, end)
         )
     slab_id = c._slab_wait()
     try:
@@ -408,7 +409,9 @@ class PinnedBatchPool:
                     fd = os.memfd_create("tpushim-batch-%d" % i, 0)
                     self._fds.append(fd)
                     os.ftruncate(fd, self.slab_bytes)
-                    m = mmap.mmap(fd, self.slab_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
+                    m = mmap.mmap(
+                        fd, self.slab_bytes, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE
+                    )
                     self._mmaps.append(m)
                     slab = np.frombuffer(m, dtype=np.uint8)
                     self._registrations.append(tpushim.register(slab, system=system))
@@ -422,9 +425,19 @@ class PinnedBatchPool:
             self._free.put(i)
         if self.shared:
             inodes = [os.fstat(fd).st_ino for fd in self._fds]
-            self.collate = _SharedCollate(self.token, os.getpid(), list(self._fds), inodes, self.slab_bytes, self._free, self._slabs)
+            self.collate = _SharedCollate(
+                self.token,
+                os.getpid(),
+                list(self._fds),
+                inodes,
+                self.slab_bytes,
+                self._free,
+                self._slabs,
+            )
         else:
-            self.collate = _RegionCollate(self.token, os.getpid(), self.slab_bytes, self._free, self._slabs)
+            self.collate = _RegionCollate(
+                self.token, os.getpid(), self.slab_bytes, self._free, self._slabs
+            )
 
     @property
     def nbytes(self):
@@ -537,7 +550,18 @@ class DeviceLoader:
     already yielded stay valid (device memory).
     """
 
-    def __init__(self, loader, pool, device=0, *, memory_kind="device", prefetch=2, wait_ready=True, own_pool=False, system=None):
+    def __init__(
+        self,
+        loader,
+        pool,
+        device=0,
+        *,
+        memory_kind="device",
+        prefetch=2,
+        wait_ready=True,
+        own_pool=False,
+        system=None
+    ):
         if int(prefetch) < 1:
             raise ValueError("tpushim.torch: prefetch must be >= 1, got %r" % (prefetch,))
         if getattr(loader, "collate_fn", None) is not pool.collate:
@@ -588,11 +612,15 @@ class DeviceLoader:
                     )
                 out = []
                 for d, shard in zip(self.devices, np.split(a, n)):
-                    x = tpushim.device_put(shard, d, memory_kind=self.memory_kind, system=self.system)
+                    x = tpushim.device_put(
+                        shard, d, memory_kind=self.memory_kind, system=self.system
+                    )
                     parts.append(x)
                     out.append(x)
                 return out
-            x = tpushim.device_put(a, self.devices, memory_kind=self.memory_kind, system=self.system)
+            x = tpushim.device_put(
+                a, self.devices, memory_kind=self.memory_kind, system=self.system
+            )
             parts.append(x)
             return x
 
@@ -699,7 +727,20 @@ class DeviceLoader:
             pass
 
 
-def pipeline(dataset, batch_size=1, *, num_workers=0, device=0, memory_kind="device", prefetch=2, wait_ready=True, batch_bytes=None, shared=True, system=None, **loader_kwargs):
+def pipeline(
+    dataset,
+    batch_size=1,
+    *,
+    num_workers=0,
+    device=0,
+    memory_kind="device",
+    prefetch=2,
+    wait_ready=True,
+    batch_bytes=None,
+    shared=True,
+    system=None,
+    **loader_kwargs
+):
     """A DataLoader over `dataset` collating into a new PinnedBatchPool,
     wrapped in a DeviceLoader that owns the pool (closing it frees it).
 
@@ -714,9 +755,22 @@ def pipeline(dataset, batch_size=1, *, num_workers=0, device=0, memory_kind="dev
     pool = PinnedBatchPool(batch_bytes, slabs, shared=shared, system=system)
     try:
         loader = torch.utils.data.DataLoader(
-            dataset, batch_size=batch_size, num_workers=num_workers, collate_fn=pool.collate, **loader_kwargs
+            dataset,
+            batch_size=batch_size,
+            num_workers=num_workers,
+            collate_fn=pool.collate,
+            **loader_kwargs
         )
-        return DeviceLoader(loader, pool, device, memory_kind=memory_kind, prefetch=prefetch, wait_ready=wait_ready, own_pool=True, system=system)
+        return DeviceLoader(
+            loader,
+            pool,
+            device,
+            memory_kind=memory_kind,
+            prefetch=prefetch,
+            wait_ready=wait_ready,
+            own_pool=True,
+            system=system,
+        )
     except BaseException:
         pool.close()
         raise

@@ -27,7 +27,9 @@ def system(run_dir):
     # A slow link (latency per descriptor) keeps device copies in flight
     # long enough that a slab handed back before its host_released event
     # would be overwritten while the device still reads it.
-    with tpushim.System(premapped_buffer_size="64M", device="sim://?devices=2&latency_us=50", run_dir=run_dir) as s:
+    with tpushim.System(
+        premapped_buffer_size="64M", device="sim://?devices=2&latency_us=50", run_dir=run_dir
+    ) as s:
         yield s
 
 
@@ -143,7 +145,9 @@ def test_no_workers_collates_through_the_parents_registered_mapping(system):
 
 def test_no_workers_collates_into_the_premapped_region(system):
     before = system.stats()["transfers"]["h2d"]["zero_copy"]["transfers"]
-    with tt.pipeline(Images(200 * BATCH), batch_size=BATCH, num_workers=0, device=1, shared=False) as loader:
+    with tt.pipeline(
+        Images(200 * BATCH), batch_size=BATCH, num_workers=0, device=1, shared=False
+    ) as loader:
         assert not loader.pool.shared
         assert pinned_now(system)["region_allocations"] == loader.pool.count
         check_batches(loader, 200)
@@ -159,14 +163,18 @@ def test_batches_split_across_devices(system):
             assert [x.shape for x in images] == [(BATCH // 2, 8, 128)] * 2
         assert loader.pool.count == 7
     with tt.pipeline(Images(4 * BATCH), batch_size=BATCH, device=[0, 1, 0]) as loader:
-        with pytest.raises(ValueError, match="batch dimension of 8 does not split evenly over 3 devices"):
+        with pytest.raises(
+            ValueError, match="batch dimension of 8 does not split evenly over 3 devices"
+        ):
             next(iter(loader))
     assert pinned_now(system) == NOTHING_PINNED
 
 
 def test_worker_exception_propagates_as_pytorchs(system):
     with pytest.raises(ValueError) as raised:
-        with tt.pipeline(Images(100 * BATCH, fail_at=37), batch_size=BATCH, num_workers=2) as loader:
+        with tt.pipeline(
+            Images(100 * BATCH, fail_at=37), batch_size=BATCH, num_workers=2
+        ) as loader:
             for _ in loader:
                 pass
     # PyTorch's own wording: the worker's exception, re-raised in the main
@@ -187,8 +195,12 @@ def test_exception_closes_the_loader_even_outside_with(system):
 
 
 def test_worker_crash_propagates_and_frees_everything(system):
-    with pytest.raises(RuntimeError, match=r"DataLoader worker \(pid\(s\) .*\) exited unexpectedly"):
-        with tt.pipeline(Images(100 * BATCH, crash_at=45), batch_size=BATCH, num_workers=2) as loader:
+    with pytest.raises(
+        RuntimeError, match=r"DataLoader worker \(pid\(s\) .*\) exited unexpectedly"
+    ):
+        with tt.pipeline(
+            Images(100 * BATCH, crash_at=45), batch_size=BATCH, num_workers=2
+        ) as loader:
             for _ in loader:
                 pass
     assert pinned_now(system) == NOTHING_PINNED
@@ -197,8 +209,12 @@ def test_worker_crash_propagates_and_frees_everything(system):
 def test_region_pool_is_refused_for_worker_processes(system):
     pool = tt.PinnedBatchPool(64 * 1024, 8, shared=False)
     try:
-        loader = torch.utils.data.DataLoader(Images(64), batch_size=BATCH, num_workers=2, collate_fn=pool.collate)
-        with pytest.raises(ValueError, match=r"num_workers=2 needs a PinnedBatchPool\(shared=True\)"):
+        loader = torch.utils.data.DataLoader(
+            Images(64), batch_size=BATCH, num_workers=2, collate_fn=pool.collate
+        )
+        with pytest.raises(
+            ValueError, match=r"num_workers=2 needs a PinnedBatchPool\(shared=True\)"
+        ):
             tt.DeviceLoader(loader, pool)
         # Used directly, the forked worker is told why it cannot.
         with pytest.raises(RuntimeError, match="does not inherit"):
@@ -210,7 +226,9 @@ def test_region_pool_is_refused_for_worker_processes(system):
 
 def test_pool_too_small_for_the_loader_is_named(system):
     with tt.PinnedBatchPool(64 * 1024, 4) as pool:
-        loader = torch.utils.data.DataLoader(Images(64), batch_size=BATCH, num_workers=2, collate_fn=pool.collate)
+        loader = torch.utils.data.DataLoader(
+            Images(64), batch_size=BATCH, num_workers=2, collate_fn=pool.collate
+        )
         with pytest.raises(ValueError, match=r"4 slabs is too small .* = 7 batches"):
             tt.DeviceLoader(loader, pool)
     with pytest.raises(ValueError, match="batch_bytes must be >= 1"):
@@ -236,7 +254,15 @@ def test_collate_writes_in_place_and_tensors_share_the_slab(system):
 
 
 def test_collate_matches_default_collate_structure(system):
-    samples = [{"x": torch.arange(4, dtype=torch.int32) + i, "name": "s%d" % i, "w": 0.5 * i, "pair": (i, np.float16(i))} for i in range(4)]
+    samples = [
+        {
+            "x": torch.arange(4, dtype=torch.int32) + i,
+            "name": "s%d" % i,
+            "w": 0.5 * i,
+            "pair": (i, np.float16(i)),
+        }
+        for i in range(4)
+    ]
     with tt.PinnedBatchPool(tt.batch_nbytes(samples), 1, shared=False) as pool:
         batch = pool.collate(samples)
         ours = pool.tensors(batch)
@@ -276,7 +302,14 @@ CTRL_C_SCRIPT = textwrap.dedent(
 
 
 def test_ctrl_c_stops_the_pipeline_and_frees_everything(subprocess_env):
-    proc = subprocess.Popen([sys.executable, "-c", CTRL_C_SCRIPT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True, env=subprocess_env)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", CTRL_C_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=subprocess_env,
+    )
     try:
         assert proc.stdout.readline().strip() == "running"
         # As a terminal does: SIGINT to the whole process group (workers too).
