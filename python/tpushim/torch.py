@@ -378,13 +378,18 @@ class PinnedBatchPool:
     premapped region, for num_workers=0. Errors, with nothing left
     allocated: ValueError for batch_bytes or slabs < 1; the runtime's
     (tpushim.Error subclasses) when the region or the pin cannot serve it.
+    multiprocessing_context: the DataLoader's (None: the default, fork on
+    Linux; "spawn" and "forkserver" workers need their own context's
+    queue, and open the slabs through /proc/<this pid>/fd).
 
     A context manager; ``close()`` (idempotent) waits for nothing: call it
     once no transfer reads a slab (DeviceLoader does), it unregisters and
     frees every slab.
     """
 
-    def __init__(self, batch_bytes, slabs, *, shared=True, system=None):
+    def __init__(
+        self, batch_bytes, slabs, *, shared=True, system=None, multiprocessing_context=None
+    ):
         if int(batch_bytes) < 1:
             raise ValueError("tpushim.torch: batch_bytes must be >= 1, got %r" % (batch_bytes,))
         if int(slabs) < 1:
@@ -402,7 +407,13 @@ class PinnedBatchPool:
         self.count = int(slabs)
         # Free slab numbers; the collate (any process) takes one, the
         # consumer puts it back when its transfers let go of it.
-        self._free = multiprocessing.get_context().Queue() if self.shared else queue.Queue()
+        if self.shared:
+            context = multiprocessing_context
+            if context is None or isinstance(context, str):
+                context = multiprocessing.get_context(context)
+            self._free = context.Queue()
+        else:
+            self._free = queue.Queue()
         try:
             for i in range(self.count):
                 if self.shared:
@@ -752,7 +763,13 @@ def pipeline(
         batch_bytes = batch_nbytes([dataset[0]] * batch_size)
     prefetch_factor = loader_kwargs.get("prefetch_factor", 2) if num_workers > 0 else 0
     slabs = num_workers * prefetch_factor + prefetch + 1
-    pool = PinnedBatchPool(batch_bytes, slabs, shared=shared, system=system)
+    pool = PinnedBatchPool(
+        batch_bytes,
+        slabs,
+        shared=shared,
+        system=system,
+        multiprocessing_context=loader_kwargs.get("multiprocessing_context"),
+    )
     try:
         loader = torch.utils.data.DataLoader(
             dataset,

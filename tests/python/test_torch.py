@@ -156,6 +156,21 @@ def test_no_workers_collates_into_the_premapped_region(system):
     assert pinned_now(system) == NOTHING_PINNED
 
 
+def test_spawned_workers_open_the_slabs_through_proc(system):
+    # A spawned worker inherits no descriptor: it opens the parent's memfd
+    # through /proc/<pid>/fd, and the free-slab queue is the spawn
+    # context's (a fork context's queue crashes a spawned process).
+    loader = tt.pipeline(
+        Images(5 * BATCH),
+        batch_size=BATCH,
+        num_workers=1,
+        multiprocessing_context="spawn",
+    )
+    with loader:
+        check_batches(loader, 5)
+    assert pinned_now(system) == NOTHING_PINNED
+
+
 def test_batches_split_across_devices(system):
     with tt.pipeline(Images(20 * BATCH), batch_size=BATCH, num_workers=2, device=[0, 1]) as loader:
         for images, labels in loader:
