@@ -247,7 +247,40 @@ _worker_maps = {}
 _worker_maps_lock = threading.Lock()
 
 
-class _SharedCollate:
+class _Collate:
+    """A pool's collate_fn: takes a free slab, writes the batch there."""
+
+    def _slab_wait(self):
+        try:
+            return self.free.get(timeout=_SLAB_WAIT_SECONDS)
+        except queue.Empty:
+            raise RuntimeError(
+                "tpushim.torch: no free batch slab for %.0f s: the consumer holds "
+                "them all (are batches released? is the pool smaller than the "
+                "loader's prefetch_factor * num_workers + the pipeline's prefetch + 1?)"
+                % _SLAB_WAIT_SECONDS
+            ) from None
+
+    def __call__(self, samples):
+        samples = list(samples)
+        if not samples:
+            raise ValueError("tpushim.torch: cannot collate an empty batch")
+        tree, end = _plan(samples, 0)
+        if end > self.slab_bytes:
+            raise ValueError(
+                "tpushim.torch: a batch of %d bytes does not fit the pool's "
+                "batch_bytes=%d; make the pool with batch_bytes >= %d" % (end, self.slab_bytes, end)
+            )
+        slab_id = self._slab_wait()
+        try:
+            _fill(tree, samples, self._slab(slab_id))
+        except BaseException:
+            self.free.put(slab_id)
+            raise
+        return SlabBatch(self.token, slab_id, tree)
+
+
+class _SharedCollate(_Collate):
     """The collate_fn of a shared pool: picklable (spawn), maps lazily."""
 
     def __init__(self, token, owner_pid, fds, inodes, slab_bytes, free, inner):
@@ -297,11 +330,8 @@ class _SharedCollate:
             pass
         return os.open("/proc/%d/fd/%d" % (self.owner_pid, self.fds[i]), os.O_RDWR)
 
-    def __call__(self, samples):
-        return _collate_into_pool(self, samples)
 
-
-class _RegionCollate:
+class _RegionCollate(_Collate):
     """The collate_fn of a region pool: the owning process only."""
 
     def __init__(self, token, owner_pid, slab_bytes, free, inner):
@@ -328,43 +358,6 @@ class _RegionCollate:
             )
         return self.inner[i]
 
-    def __call__(self, samples):
-        return _collate_into_pool(self, samples)
-
-
-def _collate_into_pool(c, samples):
-    samples = list(samples)
-    if not samples:
-        raise ValueError("tpushim.torch: cannot collate an empty batch")
-    tree, end = _plan(samples, 0)
-    if end > c.slab_bytes:
-        raise ValueError(
-            "tpushim.torch: a batch of %d bytes does not fit the pool's "
-            "batch_bytes=%d; make the pool with batch_bytes >= %d" % (end, c.slab_bytes, end)
-        )
-    slab_id = c._slab_wait()
-    try:
-        _fill(tree, samples, c._slab(slab_id))
-    except BaseException:
-        c.free.put(slab_id)
-        raise
-    return SlabBatch(c.token, slab_id, tree)
-
-
-def _slab_wait(self):
-    try:
-        return self.free.get(timeout=_SLAB_WAIT_SECONDS)
-    except queue.Empty:
-        raise RuntimeError(
-            "tpushim.torch: no free batch slab for %.0f s: the consumer holds "
-            "them all (are batches released? is the pool smaller than the "
-            "loader's prefetch_factor * num_workers + the pipeline's prefetch + 1?)"
-            % _SLAB_WAIT_SECONDS
-        ) from None
-
-
-_SharedCollate._slab_wait = _slab_wait
-_RegionCollate._slab_wait = _slab_wait
 
 _tokens = iter(range(1, 1 << 62))
 
