@@ -628,7 +628,17 @@ class DeviceLoader:
             parts.append(x)
             return x
 
-        result = _map_tree(batch.tree, lambda leaf: place(leaf.view(slab)))
+        try:
+            result = _map_tree(batch.tree, lambda leaf: place(leaf.view(slab)))
+        except BaseException:
+            # The copies already started read the slab: let them finish
+            # before the caller's close() can free it.
+            for x in parts:
+                try:
+                    x.host_released.wait()
+                except Exception:
+                    pass
+            raise
         remaining = [len(parts)]
         with self._lock:
             self._outstanding += 1
