@@ -151,12 +151,16 @@ std::vector<py::ssize_t> ShapeOf(const py::array& a) {
 py::array Contiguous(const py::handle& array, const char* what) {
   py::object np = py::module_::import("numpy");
   py::object converted;
-  try {
-    converted = np.attr("asarray")(array);
-  } catch (py::error_already_set& e) {
-    throw py::type_error(absl::StrCat(
-        what, ": expected a NumPy array (or what np.asarray takes), got ",
-        Str(py::type::of(array).attr("__name__"))));
+  if (py::isinstance<py::array>(array)) {
+    converted = py::reinterpret_borrow<py::object>(array);
+  } else {
+    try {
+      converted = np.attr("asarray")(array);
+    } catch (py::error_already_set& e) {
+      throw py::type_error(absl::StrCat(
+          what, ": expected a NumPy array (or what np.asarray takes), got ",
+          Str(py::type::of(array).attr("__name__"))));
+    }
   }
   py::array a = py::reinterpret_borrow<py::array>(converted);
   if (a.dtype().attr("byteorder").cast<std::string>() == ">") {
@@ -289,9 +293,34 @@ py::array PinnedEmpty(const PySystem& self,
   return py::array(dtype, shape, data, owner);
 }
 
-py::object DevicePut(const PySystem& self, const py::object& value,
-                     const py::object& device_arg, const std::string& kind_name,
-                     const py::object& as);
+// Device memory to device memory (on one device or two): one device copy
+// after `src` is ready, layout and all.
+py::object CopyToDevice(tpushim::System& system, const PyDeviceArray& src,
+                        int device, int memory) {
+  PyDeviceArray dev;
+  dev.runtime = src.runtime;
+  dev.shape = src.shape;
+  dev.dtype = src.dtype;
+  dev.element = src.element;
+  dev.device = device;
+  dev.memory_kind = src.memory_kind;
+  dev.xla_shape = src.xla_shape;
+  dev.nbytes = src.nbytes;
+  if (!src.buffer.valid()) return py::cast(std::move(dev));  // zero-size
+  absl::StatusOr<tpushim::MemoryCopy> copy;
+  {
+    GilRelease release;
+    tpushim::Event wait_for[] = {src.ready};
+    copy = system.CopyToMemory(src.buffer, memory, wait_for);
+  }
+  ThrowIfError(copy.status());
+  dev.buffer = copy->buffer;
+  dev.xla_shape = copy->buffer.shape();
+  dev.on_device_size = copy->buffer.size();
+  dev.ready = copy->event;
+  dev.host_released = copy->event;
+  return py::cast(std::move(dev));
+}
 
 py::array DeviceGet(PyDeviceArray& dev, const py::object& out_arg);
 
@@ -301,6 +330,8 @@ py::object DevicePut(const PySystem& self, const py::object& value,
   const char* what = "device_put";
   std::shared_ptr<tpushim::System> system = self.runtime->Use(what);
   py::object source = value;
+  const int device = DeviceIndex(device_arg, *system, what);
+  const tpushim::MemoryKind kind = KindOf(kind_name, what);
   if (py::isinstance<PyDeviceArray>(value)) {
     PyDeviceArray& other = value.cast<PyDeviceArray&>();
     if (other.runtime != self.runtime) {
@@ -308,10 +339,15 @@ py::object DevicePut(const PySystem& self, const py::object& value,
           "device_put: this DeviceArray belongs to another tpushim.System; "
           "np.asarray() it first");
     }
+    other.Use(what);
+    if (kind == tpushim::MemoryKind::kDevice && other.memory_kind == "device") {
+      return CopyToDevice(*system, other, device,
+                          system->memory_of_kind(kind, device));
+    }
+    // Between a device's tiled layout and a host memory's dense array:
+    // through the host.
     source = DeviceGet(other, py::none());
   }
-  const int device = DeviceIndex(device_arg, *system, what);
-  const tpushim::MemoryKind kind = KindOf(kind_name, what);
   py::array array = Contiguous(source, what);
 
   PyDeviceArray dev;

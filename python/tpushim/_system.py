@@ -148,7 +148,10 @@ class System(_tpushim._System):
         """Puts a NumPy array (or anything np.asarray takes) into a memory:
         returns a DeviceArray at once, its `ready` event telling when the
         bytes are there. Non-contiguous arrays are copied to a contiguous
-        one first. dtype="bfloat16" takes a uint16 array's bits as bf16."""
+        one first. dtype="bfloat16" takes a uint16 array's bits as bf16.
+        A DeviceArray of this System in device memory is copied to the
+        device named by one device copy; to or from a host memory kind it
+        goes through the host."""
         return self._device_put(array, device, memory_kind, dtype)
 
     def device_get(self, array, out=None):

@@ -223,3 +223,22 @@ def test_system_methods_equal_module_functions(system):
     np.testing.assert_array_equal(system.device_get(dev), host)
     with system.register(np.ones(4096, np.uint8)):
         pass
+
+
+def test_device_put_of_a_device_array_copies_device_to_device(system):
+    src = tpushim.device_put(np.arange(3 * 10, dtype=np.int32).reshape(3, 10))
+    before = system.stats()["transfers"]["d2d"]["transfers"]
+    copy = tpushim.device_put(src, device=1)
+    assert copy.device == 1 and copy.memory_kind == "device"
+    assert copy.xla_shape == src.xla_shape
+    assert copy.on_device_size == src.on_device_size
+    copy.block_until_ready()
+    assert system.stats()["transfers"]["d2d"]["transfers"] == before + 1
+    np.testing.assert_array_equal(np.asarray(copy), np.asarray(src))
+    src.delete()  # the copy is its own buffer
+    np.testing.assert_array_equal(np.asarray(copy),
+                                  np.arange(30).reshape(3, 10))
+    empty = tpushim.device_put(tpushim.device_put(np.empty((0, 2))), device=1)
+    assert empty.shape == (0, 2) and empty.ready.done()
+    with pytest.raises(ValueError, match="was deleted"):
+        tpushim.device_put(src, device=1)

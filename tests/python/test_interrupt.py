@@ -25,8 +25,8 @@ with tpushim.System(premapped_buffer_size="16M", device="sim://") as system:
         if what == "block_until_ready":
             system.device_put(np.ones(4)).block_until_ready()
             dev2 = slow.device_put(np.ones(64 << 20, np.uint8))
-        print("waiting", what, flush=True)
-        try:
+        try:  # from the line on: a SIGINT before the wait is caught too
+            print("waiting", what, flush=True)
             if what == "wait":
                 caller.event.wait()
             elif what == "result":

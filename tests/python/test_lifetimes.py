@@ -101,7 +101,7 @@ def test_freeing_a_pinned_array_while_a_transfer_reads_it(system):
     gc.collect()
     # Once the transfer is done and the dispatcher dropped its reference,
     # the region's buffer goes back.
-    for _ in range(200):
+    for _ in range(1000):
         if system.stats()["region"]["live_allocations"] == \
                 stats["region"]["live_allocations"]:
             break
