@@ -16,7 +16,11 @@
 #   8  tools, bench, fuzz, examples, python (the Python package's extension)
 #
 # A file may include its own layer and the ones below; the top folders may
-# not include each other. Only includes written `#include "<folder>/…"`
+# not include each other. Inside tools/, the subcommands' folders
+# (tools/demo/, tools/stress/, ...) may include their own folder and
+# tools/cli/ (the plumbing they share) but not each other; tools/cli/ includes
+# only itself; tools/main/, the app that holds every subcommand, may include
+# any of them. Only includes written `#include "<folder>/…"`
 # with <folder> a folder of the checkout (or `tpushim/` for the public
 # headers) are checked; tests/ is exempt and is not checked. Prints one
 # line per offending include and exits 1 when there is any, 0 otherwise.
@@ -46,6 +50,12 @@ grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' $files /dev/null |
     }
     function public_layer(name) { return (name in is_vocab) ? 0 : 7 }
     function first(path) { sub(/\/.*/, "", path); return path }
+    # The folder of tools/ that `path` lies in ("stress" for
+    # tools/stress/worker.h); "" for a file directly in tools/.
+    function tools_room(path) {
+      if (path !~ /^tools\/[^\/]+\//) return ""
+      sub(/^tools\//, "", path); return first(path)
+    }
     {
       file = $0; sub(/:.*/, "", file)
       rest = substr($0, length(file) + 2)
@@ -76,10 +86,19 @@ grep -Hn '^[[:space:]]*#[[:space:]]*include[[:space:]]*"' $files /dev/null |
       } else if (theirs == 8 && own == 8 && their_top != own_top) {
         printf "%s:%s: includes \"%s\": the top folders %s and %s do not include each other\n", file, line, target, own_top, their_top
         bad = 1
+      } else if (own_top == "tools" && their_top == "tools") {
+        mine = tools_room(file); other = tools_room(target)
+        if (mine == "cli" && other != "cli") {
+          printf "%s:%s: includes \"%s\": tools/cli is the plumbing under every subcommand and includes only itself\n", file, line, target
+          bad = 1
+        } else if (mine != "" && mine != "main" && mine != "cli" && other != mine && other != "cli") {
+          printf "%s:%s: includes \"%s\": tools/%s may include only its own folder and tools/cli (what two subcommands share belongs in tools/cli)\n", file, line, target, mine
+          bad = 1
+        }
       }
     }
     END { exit bad }
   ' && exit 0
 
-echo "check_layers: layers only point down: the include/tpushim vocabulary → common → env → logging → allocator → device → transfer → driver (with include/tpushim/system.h, c_api.h, version.h) → tools, bench, fuzz, examples, python" >&2
+echo "check_layers: layers only point down: the include/tpushim vocabulary → common → env → logging → allocator → device → transfer → driver (with include/tpushim/system.h, c_api.h, version.h) → tools, bench, fuzz, examples, python; inside tools/, a subcommand's folder includes only itself and tools/cli" >&2
 exit 1

@@ -45,7 +45,7 @@ mutations=(
   'fault-nth :: env/fault_injection.cc :: if (call == rule.k) return &rule; :: if (call == rule.k + 1) return &rule; :: os_test :: *Fault* :: fault points fire at exactly the nth call'
   'misaligned-staging :: transfer/engine_queues.cc :: c.rerouted = c.path != TransferPath::kStaged;\n    c.path = TransferPath::kStaged; :: c.rerouted = false; :: misaligned_test :: * :: misaligned host buffers are staged, never handed to the device'
   'vfio-root-disk :: device/vfio/host_use.cc :: Add(absl::StrCat("its disk ", disk, " holds ", mount_point, via_text)); :: (void)mount_point; :: vfio_host_use_test :: * :: no advice to unbind the controller of a mounted disk'
-  'stdout-full :: tools/cli.cc :: if (!context.out->fail()) return context.exit_code; :: return context.exit_code; :: tpushim_flags_test :: *FullDisk* :: results that cannot be written exit 1'
+  'stdout-full :: tools/main/cli.cc :: if (!context.out->fail()) return context.exit_code; :: return context.exit_code; :: tpushim_flags_test :: *FullDisk* :: results that cannot be written exit 1'
   'premap-served-early :: allocator/region_allocator.cc ::   if (config.grows) { ::   if (false) { :: region_allocator_test :: *Growth*:*Background* :: a region premapped behind the caller serves only its populated part'
   'staging-not-premapped :: transfer/engine_queues.cc :: if (!StagingReady()) { :: if (false) { :: background_system_test :: *WhilePremapping* :: transfers pin until the staging room is premapped'
   'd2d-overlap-order :: transfer/engine_queues.cc :: to > from ? CopyOrder::kChainedDown : CopyOrder::kChainedUp; :: CopyOrder::kChainedUp; :: overlapping_copy_test :: *EveryOverlap* :: an overlapping device-to-device copy acts as one memmove'
@@ -55,6 +55,7 @@ mutations=(
   'bounce-routing :: transfer/engine_queues.cc :: if (bounce_ != nullptr && size > 0 && :: if (false && size > 0 && :: bounce_pool_test :: *SmallTransfers*:*ManyThreads* :: with the region off, small transfers go through the bounce pool instead of pinning'
   'pinned-host-from-heap :: driver/memory_spaces.cc :: if (memory == pinned_host_id()) {\n    absl::StatusOr<PinnedHostBuffer> p :: if (false) {\n    absl::StatusOr<PinnedHostBuffer> p :: memory_kinds_test :: *OneZeroCopyDma* :: a device to pinned_host copy is one DMA straight into region memory, never staged'
   'host-released-at-dma-end :: transfer/engine_staging.cc :: ReleaseHost(op, i < n ? op.Error() : absl::OkStatus()); :: op.host_released.Notify(); :: transfer_events_test :: *StagedHostReleased*:*IsNeverLater* :: on the staged path host_released resolves when the last byte is in staging, before the DMA ends'
+  'identity-array-in-place :: transfer/engine_queues.cc :: ClassifyHostRange(host, peek->size) != HostRange::kPageable) { :: ClassifyHostRange(host, peek->size) == HostRange::kRegistered) { :: host_registration_test :: *ArraysInThePremappedRegion* :: an array whose device image is the dense array moves in place from the premapped region'
   'registered-range :: transfer/engine_queues.cc :: if (FindRegistrationLocked(host, size) != nullptr) { :: if (false) { :: host_registration_test :: *ZeroCopyWhateverTheSize*:*RegionOff*:*ArrayTransfers* :: transfers inside registered host memory are zero-copy whatever their size'
 )
 

@@ -156,12 +156,14 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
     // A byte buffer: its bytes are the array.
     return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
   }
-  // A layout whose device image is the dense array itself, inside
-  // registered memory: no relayout to do, so the device DMAs it in place.
+  // A layout whose device image is the dense array itself (no padding,
+  // one tile spanning the minor dimensions), inside the premapped region
+  // or registered memory: no relayout to do, so the device DMAs it in
+  // place. Pageable arrays keep the staged relayout path.
   if (peek != nullptr && host != nullptr &&
       peek->shape->plan.kernel() == RelayoutPlan::Kernel::kIdentity &&
       peek->size == peek->shape->host_bytes &&
-      PathFor(host, peek->size, peek->device).registered) {
+      ClassifyHostRange(host, peek->size) != HostRange::kPageable) {
     return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
   }
   const uint64_t image_bytes = peek != nullptr ? peek->size : 0;

@@ -18,10 +18,8 @@
 #include <utility>
 #include <vector>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "python/src/common.h"
 #include "python/src/events.h"
 #include "python/src/system.h"
@@ -220,55 +218,6 @@ tpushim::MemoryKind KindOf(const std::string& kind, const char* what) {
       "': accepted kinds are 'device', 'pinned_host', 'unpinned_host'"));
 }
 
-// Whether the device's image of `buffer` is byte for byte the dense
-// row-major array of `shape`: no padding, the default dimension order,
-// and one tile that spans every tiled dimension but its most-major one
-// (e.g. f32[1024,128]{1,0:T(8,128)} or f32[262144]{0:T(256)}). The
-// array transfers relayout through staging even then; a byte transfer of
-// the same bytes takes the zero-copy path from pinned or registered
-// memory.
-bool DenseIsDeviceImage(const tpushim::MemoryBuffer& buffer,
-                        const std::vector<py::ssize_t>& shape) {
-  if (buffer.size() != buffer.host_size() ||
-      buffer.unpadded_size() != buffer.host_size()) {
-    return false;
-  }
-  const std::string text = buffer.shape();
-  const size_t open = text.find('{');
-  if (open == std::string::npos) return false;
-  const size_t colon = text.find(':', open);
-  const size_t close = text.find('}', open);
-  if (close != text.size() - 1) return false;
-  // The dimension order: n-1,...,0.
-  std::string expected;
-  for (size_t i = shape.size(); i-- > 0;) {
-    absl::StrAppend(&expected, expected.empty() ? "" : ",", i);
-  }
-  const size_t order_end = colon == std::string::npos ? close : colon;
-  if (text.substr(open + 1, order_end - open - 1) != expected) return false;
-  if (colon == std::string::npos) return true;  // no tiling
-  // Exactly one tile: "T(a,b,...)".
-  const std::string tiles = text.substr(colon + 1, close - colon - 1);
-  if (tiles.size() < 4 || tiles.compare(0, 2, "T(") != 0 ||
-      tiles.back() != ')' || tiles.find('(', 2) != std::string::npos) {
-    return false;
-  }
-  std::vector<int64_t> tile;
-  for (absl::string_view part : absl::StrSplit(
-           absl::string_view(tiles).substr(2, tiles.size() - 3), ',')) {
-    int64_t t = 0;
-    if (!absl::SimpleAtoi(part, &t) || t <= 0) return false;
-    tile.push_back(t);
-  }
-  if (tile.size() > shape.size()) return false;
-  const size_t first = shape.size() - tile.size();
-  for (size_t i = 0; i < tile.size(); ++i) {
-    const int64_t dim = shape[first + i];
-    if (i == 0 ? dim % tile[i] != 0 : dim != tile[i]) return false;
-  }
-  return true;
-}
-
 py::array PinnedEmpty(const PySystem& self,
                       const std::vector<py::ssize_t>& shape,
                       const py::dtype& dtype) {
@@ -375,11 +324,10 @@ py::object DevicePut(const PySystem& self, const py::object& value,
       GilRelease release;
       buffer = system->AllocateInMemory(memory, spec);
       if (buffer.ok()) {
-        events = DenseIsDeviceImage(*buffer, dev.shape)
-                     ? system->TransferToDeviceWithEvents(
-                           data, buffer->device_buffer(), 0, dev.nbytes)
-                     : system->TransferArrayToDeviceWithEvents(
-                           data, buffer->device_buffer());
+        // The engine moves an array whose device image is the dense
+        // array in place when it lies in pinned or registered memory.
+        events = system->TransferArrayToDeviceWithEvents(
+            data, buffer->device_buffer());
         if (!events.ok()) system->Free(*buffer).IgnoreError();
       }
     }
@@ -440,11 +388,8 @@ py::array DeviceGet(PyDeviceArray& dev, const py::object& out_arg) {
     {
       GilRelease release;
       tpushim::Event wait_for[] = {dev.ready};
-      done = DenseIsDeviceImage(dev.buffer, dev.shape)
-                 ? system->TransferFromDevice(dev.buffer.device_buffer(), 0,
-                                              data, dev.nbytes, wait_for)
-                 : system->TransferArrayFromDevice(dev.buffer.device_buffer(),
-                                                   data, wait_for);
+      done = system->TransferArrayFromDevice(dev.buffer.device_buffer(), data,
+                                             wait_for);
     }
     ThrowIfError(done.status());
     // Interrupted, the transfer still writes into `out`: keep it alive.

@@ -229,6 +229,48 @@ TEST(HostRegistrationTest, ArrayTransfersInsideAreZeroCopyWhenNothingMoves) {
   }
 }
 
+TEST(HostRegistrationTest,
+     ArraysInThePremappedRegionAreZeroCopyWhenNothingMoves) {
+  // The same rule for the region's pinned buffers: an array whose device
+  // image is the dense array (f32[1024,128] keeps TPU's default layout,
+  // one T(8,128) tile row per 8 rows) moves in place; a tiled one is laid
+  // out through staging.
+  ScopedTestLogging logs;
+  FixedEnvironmentOs os(Os::Default());
+  std::unique_ptr<System> system = Start(Options(8 * kMiB), &os);
+  ASSERT_NE(system, nullptr);
+  struct Case {
+    std::string shape;
+    bool zero_copy;
+  };
+  uint64_t expected = 0;
+  for (const Case& c :
+       {Case{"f32[1024,128]", true}, Case{"f32[64,300]{1,0}", true},
+        Case{"f32[64,300]", false}}) {
+    SCOPED_TRACE(c.shape);
+    absl::StatusOr<DeviceBuffer> buf =
+        system->AllocateDevice(0, DeviceBufferSpec{.shape = c.shape});
+    ASSERT_TRUE(buf.ok()) << buf.status();
+    const uint64_t n = buf->host_size();
+    absl::StatusOr<PinnedHostBuffer> src = system->AllocatePinnedHost(n);
+    absl::StatusOr<PinnedHostBuffer> back = system->AllocatePinnedHost(n);
+    ASSERT_TRUE(src.ok() && back.ok()) << src.status() << back.status();
+    for (uint64_t i = 0; i < n; ++i) {
+      static_cast<uint8_t*>(src->data())[i] = static_cast<uint8_t>(i * 7);
+    }
+    std::memset(back->data(), 0, n);
+    ASSERT_TRUE(Wait(system->TransferArrayToDevice(src->data(), *buf)).ok());
+    ASSERT_TRUE(Wait(system->TransferArrayFromDevice(*buf, back->data())).ok());
+    EXPECT_EQ(std::memcmp(src->data(), back->data(), n), 0);
+    if (c.zero_copy) expected += 1;
+    const TransferStats t = system->GetStats().transfers;
+    EXPECT_EQ(t.host[kToDevice][kZeroCopy].transfers, expected);
+    EXPECT_EQ(t.host[kFromDevice][kZeroCopy].transfers, expected);
+    EXPECT_EQ(t.zero_copy_registered_transfers[kToDevice], 0u);
+    ASSERT_TRUE(Wait(system->Deallocate(*buf)).ok());
+  }
+}
+
 // ---- Named errors -----------------------------------------------------------
 
 void ExpectInvalid(const absl::StatusOr<HostRegistration>& r,

@@ -10,6 +10,7 @@ trap 'rm -rf "$work"' EXIT
 bash "$script" "$checkout"
 
 mkdir -p "$work"/{common,device,transfer,driver,tools,bench,tests,include/tpushim,python/src}
+mkdir -p "$work"/tools/{cli,main,demo,stress}
 cat >"$work/device/sim.cc" <<'SRC'
 #include "common/mutex.h"
 #include "device/device.h"
@@ -27,6 +28,21 @@ SRC
 cat >"$work/tools/t.cc" <<'SRC'
 #include "driver/system_internal.h"
 #include "bench/x.h"
+SRC
+cat >"$work/tools/stress/worker.cc" <<'SRC'
+#include "tools/stress/record.h"
+#include "tools/cli/interrupt.h"
+#include "tools/demo/pipeline.h"
+#include "tools/main/cli.h"
+SRC
+cat >"$work/tools/cli/flags.cc" <<'SRC'
+#include "tools/cli/text_table.h"
+#include "tools/stress/stress.h"
+SRC
+cat >"$work/tools/main/cli.cc" <<'SRC'
+#include "tools/cli/command.h"
+#include "tools/demo/demo.h"
+#include "tools/stress/stress.h"
 SRC
 cat >"$work/python/src/m.cc" <<'SRC'
 #include "tpushim/system.h"
@@ -48,6 +64,9 @@ expect=(
   'common/x.h:1: includes "tests/testing/temp_dir.h": tests/ is not a layer of the library'
   'tools/t.cc:2: includes "bench/x.h": the top folders tools and bench do not include each other'
   'include/tpushim/stats.h:2: includes "tpushim/c_api.h", a layer above its own'
+  'tools/stress/worker.cc:3: includes "tools/demo/pipeline.h": tools/stress may include only its own folder and tools/cli'
+  'tools/stress/worker.cc:4: includes "tools/main/cli.h": tools/stress may include only its own folder and tools/cli'
+  'tools/cli/flags.cc:2: includes "tools/stress/stress.h": tools/cli is the plumbing under every subcommand and includes only itself'
   'python/src/m.cc:3: includes "tools/cli/flags.h": the top folders python and tools do not include each other'
 )
 for line in "${expect[@]}"; do

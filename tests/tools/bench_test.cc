@@ -366,6 +366,23 @@ TEST_F(BenchTest, InvalidConfigurationExitsTwo) {
   EXPECT_EQ(j["error"]["code"], "INVALID_ARGUMENT") << r.out;
 }
 
+// A runtime that cannot start is exit 1 with its status code first, as the
+// demo reports it; an invalid configuration found at start-up is exit 2.
+TEST_F(BenchTest, StartupFailureNamesTheStatusCode) {
+  SubprocessResult r =
+      RunTool(kQuick, {"TPU_PREMAPPED_BUFFER_SIZE=1099511627776"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("tpushim: cannot start the runtime: "
+                               "RESOURCE_EXHAUSTED: "));
+  EXPECT_THAT(r.out, IsEmpty());
+
+  r = RunTool(With(kQuick, {"--json"}),
+              {"TPU_PREMAPPED_BUFFER_SIZE=1099511627776"});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  const Json j = Json::parse(r.out, nullptr, false);
+  EXPECT_EQ(j["error"]["code"], "RESOURCE_EXHAUSTED") << r.out;
+}
+
 TEST_F(BenchTest, HelpNamesTheFieldsAndExamples) {
   SubprocessResult r = RunTool({"bench", "--help"}, {});
   EXPECT_EQ(r.exit_code, 0) << r.err;

@@ -1,10 +1,10 @@
-// Numeric command-line flags (tools/flags.h) and the command line as a
-// whole (tools/cli.h): the parse functions' messages, and, end to end,
+// Numeric command-line flags (tools/cli/flags.h) and the command line as a
+// whole (tools/main/cli.h): the parse functions' messages, and, end to end,
 // every flag of every subcommand that takes a number given values a user
 // may type by mistake. The flags are enumerated from the parser itself, so
 // a new flag without a row in kFlags fails here.
 
-#include "tools/flags.h"
+#include "tools/cli/flags.h"
 
 #include <cstdint>
 #include <map>
@@ -22,8 +22,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/testing/subprocess.h"
-#include "tools/cli.h"
-#include "tools/command.h"
+#include "tools/cli/command.h"
+#include "tools/main/cli.h"
 
 namespace tpushim::tools {
 namespace {
@@ -35,7 +35,7 @@ using testutil::RunSubprocess;
 
 // How a flag that takes a value reads it.
 enum class Kind {
-  kNumber,  // one number or byte size (tools/flags.h)
+  kNumber,  // one number or byte size (tools/cli/flags.h)
   kList,    // a list of numbers or names, checked by its own parser
   kText,    // a file, a spec or a name: not a number
 };
@@ -134,7 +134,7 @@ TEST(FlagsTest, EveryFlagWithAValueHasARow) {
     EXPECT_TRUE(in_table.count(key))
         << "tpushim " << key.first << " " << key.second
         << " takes a value but has no row in this test: add one, and if it "
-           "is a number, declare it with tools/flags.h";
+           "is a number, declare it with tools/cli/flags.h";
   }
   for (const auto& key : in_table) {
     EXPECT_TRUE(in_parser.count(key))

@@ -14,7 +14,7 @@
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/fake_tree.h"
-#include "tools/cli.h"
+#include "tools/main/cli.h"
 
 namespace tpushim {
 namespace {

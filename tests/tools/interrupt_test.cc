@@ -1,4 +1,4 @@
-// SIGINT and SIGTERM sent to a running subcommand (tools/interrupt.h): the
+// SIGINT and SIGTERM sent to a running subcommand (tools/cli/interrupt.h): the
 // tool stops at its next step, prints what it has marked as partial, exits
 // 128 + the signal, and leaves no process behind. The test process is a
 // child subreaper, so that anything the tool started and left running

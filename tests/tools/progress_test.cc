@@ -1,6 +1,6 @@
-// The progress displays of tools/progress.h, drawn into a string.
+// The progress displays of tools/cli/progress.h, drawn into a string.
 
-#include "tools/progress.h"
+#include "tools/cli/progress.h"
 
 #include <cstdint>
 #include <sstream>

@@ -18,8 +18,8 @@
 #include "env/os.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tools/command.h"
-#include "tools/stress.h"
+#include "tools/cli/command.h"
+#include "tools/stress/stress.h"
 
 namespace tpushim::tools {
 

@@ -1,4 +1,4 @@
-// What a `tpushim stress` worker (tools/stress_worker.h) expects and draws:
+// What a `tpushim stress` worker (tools/stress/worker.h) expects and draws:
 // which statuses count as expected failures for each kind of call and
 // configuration, and the sizes it draws for transfers.
 
@@ -9,7 +9,7 @@
 
 #include "absl/status/status.h"
 #include "gtest/gtest.h"
-#include "tools/stress_worker.h"
+#include "tools/stress/worker.h"
 
 namespace tpushim::tools::stress_internal {
 namespace {

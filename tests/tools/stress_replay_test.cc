@@ -1,5 +1,5 @@
 // In-process tests of `tpushim stress` against the library the tool links:
-// a corruption planted through the test hook (tools/stress_internal.h) is
+// a corruption planted through the test hook (tools/stress/internal.h) is
 // caught, named and caught again by replaying the run's record; --record /
 // --replay of clean and faulty runs; records that must be refused.
 //
@@ -25,9 +25,9 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
 #include "tests/tools/stress_in_process.h"
-#include "tools/command.h"
-#include "tools/stress.h"
-#include "tools/stress_internal.h"
+#include "tools/cli/command.h"
+#include "tools/stress/internal.h"
+#include "tools/stress/stress.h"
 
 namespace tpushim::tools {
 namespace {

@@ -1,12 +1,10 @@
 // `tpushim stress --replay FILE --shrink SMALL`: a corruption planted
-// through the test hook (tools/stress_internal.h) in a 2,000-operation run
+// through the test hook (tools/stress/internal.h) in a 2,000-operation run
 // is shrunk to the few operations that make it happen, and the shrunk
 // record replays to it; what is shrunk when there is nothing to shrink or
 // no time; and the pieces: DeltaDebug, SubsetRecord, DependencySlice and
 // ViolationKind. In-process against the library the tool links, like
 // stress_replay_test.cc (whose runner this copies).
-
-#include "tools/stress_shrink.h"
 
 #include <algorithm>
 #include <chrono>
@@ -35,11 +33,12 @@
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
 #include "tests/tools/stress_in_process.h"
-#include "tools/command.h"
-#include "tools/stress.h"
-#include "tools/stress_internal.h"
-#include "tools/stress_record.h"
-#include "tools/stress_report.h"
+#include "tools/cli/command.h"
+#include "tools/stress/internal.h"
+#include "tools/stress/record.h"
+#include "tools/stress/report.h"
+#include "tools/stress/shrink.h"
+#include "tools/stress/stress.h"
 
 namespace tpushim::tools {
 namespace {

@@ -1,5 +1,5 @@
 // In-process tests of how `tpushim tune` folds a point's repeats into its
-// figures and recommends a setting (tools/tune_sweep.h), fed with made-up,
+// figures and recommends a setting (tools/tune/sweep.h), fed with made-up,
 // noisy child runs: a median within 5 % of the best does not win on its
 // own, tight ranges do, wildly overlapping ranges are "within noise", no
 // clean point means no recommendation, the order of points and runs does
@@ -20,9 +20,9 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
-#include "tools/tune_report.h"
-#include "tools/tune_sweep.h"
-#include "tools/tune_workload.h"
+#include "tools/tune/report.h"
+#include "tools/tune/sweep.h"
+#include "tools/tune/workload.h"
 
 namespace tpushim::tools::tune_internal {
 namespace {
@@ -33,7 +33,7 @@ using ::testing::Not;
 
 constexpr uint64_t kMiB = uint64_t{1} << 20;
 
-// What one `tpushim tune-point` child writes (tools/tune_workload.h) for a
+// What one `tpushim tune-point` child writes (tools/tune/workload.h) for a
 // run at `gbps` GB/s with these failure counts.
 Json ChildRun(double gbps, uint64_t exhausted = 0, uint64_t failed = 0,
               bool locked = true) {

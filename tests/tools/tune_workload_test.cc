@@ -1,9 +1,7 @@
 // In-process tests of the workload file's "directions" key
-// (tools/tune_workload.h): the JSON array and the command line's
+// (tools/tune/workload.h): the JSON array and the command line's
 // comma-separated form are the same workload; anything else is refused
 // naming the key.
-
-#include "tools/tune_workload.h"
 
 #include <string>
 #include <vector>
@@ -13,6 +11,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tools/tune/workload.h"
 
 namespace tpushim::tools {
 namespace {
