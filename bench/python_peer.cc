@@ -23,10 +23,6 @@
 //                             another pageable array, both awaited
 //   quit
 //
-// An array whose device image is its dense bytes goes by byte transfers
-// (TransferToDeviceWithEvents / TransferFromDevice), others by array
-// transfers, as device_put and device_get choose.
-//
 // Errors: a line "error: <status>" (and exit 1 for a start-up failure).
 
 #include <chrono>
@@ -40,8 +36,6 @@
 #include <vector>
 
 #include "absl/strings/numbers.h"
-#include "absl/strings/str_cat.h"
-#include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "tpushim/system.h"
 
@@ -68,65 +62,6 @@ bool ParseBytes(absl::string_view s, uint64_t* out) {
   return true;
 }
 
-// Whether `buffer`'s device image is its dense row-major array (no
-// padding, row-major, one tile whose minor dimensions match the array's
-// exactly and whose leading one divides it): device_put then sends the
-// bytes as they are (a byte transfer) instead of an array transfer, and so
-// does the peer. The rule of python/src/arrays.cc, DenseIsDeviceImage.
-bool DenseIsDeviceImage(const tpushim::MemoryBuffer& buffer,
-                        const std::vector<int64_t>& dims) {
-  if (buffer.size() != buffer.host_size() ||
-      buffer.unpadded_size() != buffer.host_size()) {
-    return false;
-  }
-  const std::string text = buffer.shape();
-  const size_t open = text.find('{');
-  const size_t colon = text.find(':', open);
-  const size_t close = text.find('}', open);
-  if (open == std::string::npos || close != text.size() - 1) return false;
-  std::string order;
-  for (size_t i = dims.size(); i-- > 0;) {
-    absl::StrAppend(&order, order.empty() ? "" : ",", i);
-  }
-  const size_t order_end = colon == std::string::npos ? close : colon;
-  if (text.substr(open + 1, order_end - open - 1) != order) return false;
-  if (colon == std::string::npos) return true;
-  const std::string tiles = text.substr(colon + 1, close - colon - 1);
-  if (tiles.size() < 4 || tiles.compare(0, 2, "T(") != 0 ||
-      tiles.back() != ')' || tiles.find('(', 2) != std::string::npos) {
-    return false;
-  }
-  std::vector<int64_t> tile;
-  for (absl::string_view part : absl::StrSplit(
-           absl::string_view(tiles).substr(2, tiles.size() - 3), ',')) {
-    int64_t t = 0;
-    if (!absl::SimpleAtoi(part, &t) || t <= 0) return false;
-    tile.push_back(t);
-  }
-  if (tile.size() > dims.size()) return false;
-  const size_t first = dims.size() - tile.size();
-  for (size_t i = 0; i < tile.size(); ++i) {
-    const int64_t dim = dims[first + i];
-    if (i == 0 ? dim % tile[i] != 0 : dim != tile[i]) return false;
-  }
-  return true;
-}
-
-// The dimensions of an XLA shape string without a layout ("f32[64,128]").
-std::vector<int64_t> DimsOf(const std::string& shape) {
-  std::vector<int64_t> dims;
-  const size_t open = shape.find('[');
-  const size_t close = shape.find(']', open);
-  if (open == std::string::npos || close == std::string::npos) return dims;
-  for (absl::string_view part : absl::StrSplit(
-           absl::string_view(shape).substr(open + 1, close - open - 1), ',',
-           absl::SkipEmpty())) {
-    int64_t d = 0;
-    if (absl::SimpleAtoi(part, &d)) dims.push_back(d);
-  }
-  return dims;
-}
-
 // One round of `put` or `rt`: returns the time, or an error status.
 absl::StatusOr<int64_t> Round(tpushim::System& system, const std::string& shape,
                               const void* src, void* back) {
@@ -138,18 +73,12 @@ absl::StatusOr<int64_t> Round(tpushim::System& system, const std::string& shape,
   absl::StatusOr<tpushim::MemoryBuffer> buffer =
       system.AllocateInMemory(memory, spec);
   if (!buffer.ok()) return buffer.status();
-  const bool dense = DenseIsDeviceImage(*buffer, DimsOf(shape));
   absl::StatusOr<tpushim::TransferEvents> up =
-      dense ? system.TransferToDeviceWithEvents(src, buffer->device_buffer(), 0,
-                                                buffer->host_size())
-            : system.TransferArrayToDeviceWithEvents(src,
-                                                     buffer->device_buffer());
+      system.TransferArrayToDeviceWithEvents(src, buffer->device_buffer());
   absl::Status status = up.ok() ? up->ready.Await() : up.status();
   if (status.ok() && back != nullptr) {
     absl::StatusOr<tpushim::Event> down =
-        dense ? system.TransferFromDevice(buffer->device_buffer(), 0, back,
-                                          buffer->host_size())
-              : system.TransferArrayFromDevice(buffer->device_buffer(), back);
+        system.TransferArrayFromDevice(buffer->device_buffer(), back);
     status = down.ok() ? down->Await() : down.status();
   }
   const int64_t ns = Ns(Clock::now() - start);
