@@ -17,6 +17,9 @@ packages=(
   lnav
   # The VM tests (tests/vm): QEMU boots a guest with an emulated IOMMU.
   qemu-system-x86
+  # The Python package (python/, docs/python.md) and its pytest suite, run
+  # against real NumPy and PyTorch (Debian's CPU build of torch).
+  python3-dev pybind11-dev python3-numpy python3-pytest python3-torch
 )
 
 if [[ "$(id -u)" -eq 0 ]]; then

@@ -8,12 +8,16 @@
 #
 # Jobs (docs/testing.md says what each covers):
 #   release  GCC, Release, -Werror: every test, the benchmarks' CI mode,
-#            the install test, the examples and the VM tests (label `vm`:
-#            vfio:// on QEMU's NVMe behind a virtual IOMMU).    -> build/
+#            the install test, the examples (the Python ones too), the
+#            pytest suite of the Python package (ctest python_pytest; a
+#            build without the package fails the job) and the VM tests
+#            (label `vm`: vfio:// on QEMU's NVMe behind a virtual
+#            IOMMU).                                              -> build/
 #   asan     clang, ASan + UBSan (LeakSanitizer on) and -Wthread-safety
 #            as errors over all the code: every test, plus each libFuzzer
 #            target for a fixed number of runs over its seed corpus
-#            (label `fuzz`).                                     -> build-asan/
+#            (label `fuzz`); the Python tests through
+#            scripts/asan_python.sh (leak checks off there). -> build-asan/
 #   tsan     GCC, ThreadSanitizer: the concurrency suites (label
 #            `concurrency`, tests/CMakeLists.txt), the stress tool's
 #            short runs included.                                -> build-tsan/
@@ -44,8 +48,23 @@ sanitizer_env() {
   export TSAN_OPTIONS="halt_on_error=1:second_deadlock_stack=1:die_after_fork=0:suppressions=$PWD/tests/tsan.supp"
 }
 
+# The release job must run the Python suite: a configure that left the
+# package out (no pybind11 or NumPy found: scripts/setup.sh not run) is a
+# failure here, not a suite quietly skipped.
+require_python_suite() {
+  local dir=$1
+  if ! ctest --test-dir "$dir" -N -R '^python_pytest$' | grep -q 'Total Tests: 1$'; then
+    echo "scripts/test.sh: $dir has no python_pytest test: CMake left the" \
+      "Python package out (its message 'the Python package is skipped'" \
+      "says what was missing; scripts/setup.sh installs python3-dev," \
+      "pybind11-dev, python3-numpy, python3-pytest and python3-torch)" >&2
+    return 1
+  fi
+}
+
 run_release() {
-  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release
+  cmake -S . -B build -DCMAKE_BUILD_TYPE=Release -DTPUSHIM_BUILD_PYTHON=ON
+  require_python_suite build
   cmake --build build -j"$parallel"
   ctest --test-dir build --output-on-failure -j"$parallel"
 }
@@ -54,13 +73,18 @@ run_asan() {
   # C programs (the C example, the install test's) link the C++ half of
   # UBSan's runtime too: libtpushim.so's vptr checks need it when dlopened.
   local flags="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined"
+  # The Python package is built and tested with scripts/asan_python.sh:
+  # Debian's python3 with the ASan runtime preloaded (the interpreter is
+  # not instrumented; the extension is).
   CC=clang CXX=clang++ cmake -S . -B build-asan \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DTPUSHIM_BUILD_PYTHON=ON -DPython3_EXECUTABLE="$PWD/scripts/asan_python.sh" \
     -DTPUSHIM_BUILD_BENCHMARKS=OFF -DTPUSHIM_FUZZ=ON -DTPUSHIM_VM_TESTS=OFF \
     -DCMAKE_C_FLAGS="$flags" \
     -DCMAKE_CXX_FLAGS="$flags -Wthread-safety" \
     -DCMAKE_EXE_LINKER_FLAGS="-fsanitize=address,undefined -fsanitize-link-c++-runtime -lstdc++" \
     -DCMAKE_SHARED_LINKER_FLAGS="-fsanitize=address,undefined"
+  require_python_suite build-asan
   cmake --build build-asan -j"$parallel"
   sanitizer_env
   ctest --test-dir build-asan --output-on-failure -j"$parallel"

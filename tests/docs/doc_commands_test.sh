@@ -7,7 +7,9 @@
 #
 # Usage: doc_commands_test.sh TPUSHIM_TOOL SOURCE_DIR [LIST] [ENTRY...]
 # Optional environment: C_BACKEND, TPUSHIM_SHARED and CPP_BACKEND (the
-# examples and libtpushim.so; entries that need them are skipped without).
+# examples and libtpushim.so), TPUSHIM_PYTHON and TPUSHIM_PYTHON_DIR (the
+# interpreter and the build's Python package); entries that need them are
+# skipped without.
 #
 # Each command runs under bash (with pipefail, so a documented command
 # piped into jq still has its own exit status) in a clean environment (env -i) in a fresh
@@ -25,6 +27,7 @@ shift $(($# < 3 ? $# : 3))
 only=("$@")
 
 [[ -x $tool ]] || { echo "FAIL: no tool at $tool"; exit 1; }
+src=$(cd "$src" && pwd)  # absolute: commands run elsewhere (SOURCE_DIR)
 [[ -r $list ]] || { echo "FAIL: cannot read $list"; exit 1; }
 
 top=$(mktemp -d /tmp/doc_commands.XXXXXX)
@@ -102,6 +105,8 @@ run_entry() {
       TPU_PREMAPPED_BUFFER_SIZE=67108864 \
       C_BACKEND="${C_BACKEND:-}" TPUSHIM_SHARED="${TPUSHIM_SHARED:-}" \
       CPP_BACKEND="${CPP_BACKEND:-}" ASAN_OPTIONS="${ASAN_OPTIONS:-}" \
+      TPUSHIM_PYTHON="${TPUSHIM_PYTHON:-}" PYTHONPATH="${TPUSHIM_PYTHON_DIR:-}" \
+      SOURCE_DIR="$src" \
       UBSAN_OPTIONS="${UBSAN_OPTIONS:-}" LSAN_OPTIONS="${LSAN_OPTIONS:-}" \
       TSAN_OPTIONS="${TSAN_OPTIONS:-}" TPUSHIM_RUN_DIR="$top/run" \
       timeout 60 bash -o pipefail -c "${runs[$i]}") >>"$out" 2>&1
