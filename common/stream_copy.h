@@ -25,10 +25,20 @@
 namespace tpushim {
 
 // Copies `n` bytes from `src` to `dst` with non-temporal stores where the
-// CPU has them (x86-64: SSE2, any alignment of either pointer), memcpy
-// elsewhere and for copies too short to gain from it. REQUIRES: the ranges
-// do not overlap.
+// CPU has them (x86-64: AVX2 where the CPU has it, else SSE2; any
+// alignment of either pointer), memcpy elsewhere and for copies too short
+// to gain from it. REQUIRES: the ranges do not overlap.
 void StreamingCopy(void* dst, const void* src, size_t n);
+
+#if defined(__x86_64__)
+namespace stream_copy_internal {
+// Whether the CPU has AVX2 (asked once).
+bool HasAvx2();
+// StreamingCopy with the variant chosen: for tests, which run both.
+// REQUIRES: as StreamingCopy; `avx2` only where HasAvx2().
+void Copy(void* dst, const void* src, size_t n, bool avx2);
+}  // namespace stream_copy_internal
+#endif
 
 }  // namespace tpushim
 

@@ -16,10 +16,11 @@ namespace {
 // and lengths around the function's steps (the short-copy cut-off, the
 // 16-byte alignment prologue, the 64-byte loop and its tail): the bytes
 // arrive exactly, and nothing before or after the destination changes.
-TEST(StreamingCopyTest, CopiesEveryPhaseAndLengthExactly) {
-  const std::vector<size_t> lengths = {0,   1,   15,   16,   17,   63,
-                                       64,  65,  255,  256,  257,  320,
-                                       333, 999, 4096, 4109, 65543};
+void CheckEveryPhaseAndLength(const char* name,
+                              void (*copy)(void*, const void*, size_t)) {
+  const std::vector<size_t> lengths = {0,   1,   15,   16,   17,   63,  64,
+                                       65,  255, 256,  257,  320,  333, 383,
+                                       511, 999, 4096, 4109, 65543};
   constexpr size_t kGuard = 64;
   constexpr uint8_t kUntouched = 0xA5;
   for (size_t len : lengths) {
@@ -39,9 +40,9 @@ TEST(StreamingCopyTest, CopiesEveryPhaseAndLengthExactly) {
             ~uintptr_t{63});
         uint8_t* const to = line + dst_phase;
         const uint8_t* const from = src.data() + src_phase;
-        StreamingCopy(to, from, len);
+        copy(to, from, len);
         const std::string where =
-            absl::StrCat("length ", len, ", source phase ", src_phase,
+            absl::StrCat(name, ": length ", len, ", source phase ", src_phase,
                          ", destination phase ", dst_phase);
         ASSERT_EQ(std::memcmp(to, from, len), 0) << where;
         ASSERT_EQ(std::memcmp(to - kGuard, guard.data(), kGuard), 0)
@@ -52,6 +53,26 @@ TEST(StreamingCopyTest, CopiesEveryPhaseAndLengthExactly) {
     }
   }
 }
+
+TEST(StreamingCopyTest, CopiesEveryPhaseAndLengthExactly) {
+  CheckEveryPhaseAndLength("StreamingCopy", &StreamingCopy);
+}
+
+#if defined(__x86_64__)
+// Both x86-64 variants, whichever the machine picks.
+TEST(StreamingCopyTest, Sse2CopiesEveryPhaseAndLengthExactly) {
+  CheckEveryPhaseAndLength("SSE2", [](void* d, const void* s, size_t n) {
+    stream_copy_internal::Copy(d, s, n, /*avx2=*/false);
+  });
+}
+
+TEST(StreamingCopyTest, Avx2CopiesEveryPhaseAndLengthExactly) {
+  if (!stream_copy_internal::HasAvx2()) GTEST_SKIP() << "no AVX2 here";
+  CheckEveryPhaseAndLength("AVX2", [](void* d, const void* s, size_t n) {
+    stream_copy_internal::Copy(d, s, n, /*avx2=*/true);
+  });
+}
+#endif
 
 }  // namespace
 }  // namespace tpushim
