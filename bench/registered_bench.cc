@@ -11,10 +11,10 @@
 //              path they take without registering) for reference.
 //   register   RegisterHostMemory of a --reg-size (1 GiB) populated range
 //              against mlock() of the same range; goal <= 1.2x mlock. On
-//              huge pages and on 4 KiB pages: mlock's cost is per page
-//              table entry, so one 2 MiB page costs it what one 4 KiB page
-//              does, while the kernel's long-term pin that registering
-//              takes costs per 4 KiB page either way. Also the whole
+//              huge pages and on 4 KiB pages: mlock's cost is per mapped
+//              page, so one 2 MiB page costs it what one 4 KiB page does,
+//              while the kernel's long-term pin that registering takes
+//              costs per 4 KiB page either way. Also the whole
 //              cycle, register + unregister against mlock + munlock, and
 //              the long-term pin alone (io_uring, as registering takes it)
 //              against mlock: the floor of registering.
