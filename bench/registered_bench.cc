@@ -10,9 +10,14 @@
 //              The same transfers from an unregistered buffer (the pinned
 //              path they take without registering) for reference.
 //   register   RegisterHostMemory of a --reg-size (1 GiB) populated range
-//              against mlock() of the same range; goal <= 1.2x mlock.
-//              Also the whole cycle, register + unregister against mlock
-//              + munlock.
+//              against mlock() of the same range; goal <= 1.2x mlock. On
+//              huge pages and on 4 KiB pages: mlock's cost is per mapped
+//              page, so one 2 MiB page costs it what one 4 KiB page does,
+//              while the kernel's long-term pin that registering takes
+//              costs per 4 KiB page either way. Also the whole
+//              cycle, register + unregister against mlock + munlock, and
+//              the long-term pin alone (io_uring, as registering takes it)
+//              against mlock: the floor of registering.
 //
 //              Also on fresh mappings (nothing populated yet), where both
 //              fault the range in.
@@ -31,6 +36,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +44,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "env/device_url.h"
+#include "env/os.h"
+#include "env/posix/io_uring_pins.h"
 #include "tpushim/system.h"
 
 namespace {
@@ -53,13 +61,14 @@ double Percentile(std::vector<double> v, double p) {
   return v[std::min(i, v.size() - 1)];
 }
 
-// Populated anonymous memory (huge pages where the kernel gives them, as
-// a framework's large host buffers usually are).
-char* Populated(uint64_t n, int value) {
+// Populated anonymous memory: huge pages where the kernel gives them (as
+// NumPy asks for its large arrays), or 4 KiB pages (as the kernel hands
+// out memory nobody advised, in THP's `madvise` mode).
+char* Populated(uint64_t n, int value, bool huge_pages = true) {
   void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (p == MAP_FAILED) Die("mmap");
-  (void)madvise(p, n, MADV_HUGEPAGE);
+  (void)madvise(p, n, huge_pages ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
   std::memset(p, value, n);
   return static_cast<char*>(p);
 }
@@ -181,10 +190,84 @@ int main(int argc, char** argv) {
   munmap(dst, size);
   munmap(plain, size);
 
-  // Registering against mlock of one populated range, alternated.
+  // Registering against mlock of one populated range, alternated, on huge
+  // pages and on 4 KiB pages.
+  struct Rows {
+    std::vector<double> reg_over_mlock, cycle_over_mlock, reg_ms, mlock_ms;
+  };
+  const auto register_vs_mlock = [&](char* range) {
+    Rows rows;
+    for (int round = 0; round < rounds; ++round) {
+      double t_reg = 0, t_unreg = 0, t_lock = 0, t_unlock = 0;
+      const auto by_registering = [&] {
+        absl::StatusOr<HostRegistration> r;
+        t_reg =
+            Seconds([&] { r = system.RegisterHostMemory(range, reg_size); });
+        if (!r.ok()) Die(r.status().ToString());
+        t_unreg = Seconds([&] {
+          if (!r->Unregister().ok()) Die("unregister");
+        });
+      };
+      const auto by_locking = [&] {
+        t_lock = Seconds([&] {
+          if (mlock(range, reg_size) != 0) Die("mlock");
+        });
+        t_unlock = Seconds([&] { munlock(range, reg_size); });
+      };
+      if (round % 2 == 0) {
+        by_registering();
+        by_locking();
+      } else {
+        by_locking();
+        by_registering();
+      }
+      rows.reg_over_mlock.push_back(t_reg / t_lock);
+      rows.cycle_over_mlock.push_back((t_reg + t_unreg) / (t_lock + t_unlock));
+      rows.reg_ms.push_back(t_reg * 1e3);
+      rows.mlock_ms.push_back(t_lock * 1e3);
+    }
+    return rows;
+  };
   char* range = Populated(reg_size, 4);
-  std::vector<double> reg_over_mlock, cycle_over_mlock;
-  std::vector<double> reg_ms, mlock_ms;
+  const Rows huge = register_vs_mlock(range);
+  // The kernel's long-term pin alone, as registering takes it (io_uring,
+  // the runtime's slot table), against mlock of the same huge pages: the
+  // floor of what registering costs here.
+  std::vector<double> pin_over_mlock, pin_ms;
+  std::string no_pin;
+  {
+    std::unique_ptr<IoUringPins> pins =
+        IoUringPins::Open(Os::Default(), &no_pin);
+    for (int round = 0; pins != nullptr && round < rounds; ++round) {
+      double t_pin = 0, t_lock = 0;
+      const auto by_pinning = [&] {
+        absl::StatusOr<uint32_t> slot;
+        t_pin = Seconds([&] { slot = pins->Pin(range, reg_size); });
+        if (!slot.ok()) Die(slot.status().ToString());
+        if (!pins->Unpin(*slot).ok()) Die("io_uring unpin");
+      };
+      const auto by_locking = [&] {
+        t_lock = Seconds([&] {
+          if (mlock(range, reg_size) != 0) Die("mlock");
+        });
+        munlock(range, reg_size);
+      };
+      if (round % 2 == 0) {
+        by_pinning();
+        by_locking();
+      } else {
+        by_locking();
+        by_pinning();
+      }
+      pin_over_mlock.push_back(t_pin / t_lock);
+      pin_ms.push_back(t_pin * 1e3);
+    }
+  }
+  munmap(range, reg_size);
+  range = Populated(reg_size, 4, /*huge_pages=*/false);
+  const Rows small = register_vs_mlock(range);
+  munmap(range, reg_size);
+
   // The same on fresh mappings (nothing populated: both fault the range
   // in), each side its own.
   std::vector<double> fresh_over_mlock;
@@ -222,35 +305,6 @@ int main(int argc, char** argv) {
     munmap(a, reg_size);
     munmap(b, reg_size);
   }
-  for (int round = 0; round < rounds; ++round) {
-    double t_reg = 0, t_unreg = 0, t_lock = 0, t_unlock = 0;
-    const auto by_registering = [&] {
-      absl::StatusOr<HostRegistration> r;
-      t_reg = Seconds([&] { r = system.RegisterHostMemory(range, reg_size); });
-      if (!r.ok()) Die(r.status().ToString());
-      t_unreg = Seconds([&] {
-        if (!r->Unregister().ok()) Die("unregister");
-      });
-    };
-    const auto by_locking = [&] {
-      t_lock = Seconds([&] {
-        if (mlock(range, reg_size) != 0) Die("mlock");
-      });
-      t_unlock = Seconds([&] { munlock(range, reg_size); });
-    };
-    if (round % 2 == 0) {
-      by_registering();
-      by_locking();
-    } else {
-      by_locking();
-      by_registering();
-    }
-    reg_over_mlock.push_back(t_reg / t_lock);
-    cycle_over_mlock.push_back((t_reg + t_unreg) / (t_lock + t_unlock));
-    reg_ms.push_back(t_reg * 1e3);
-    mlock_ms.push_back(t_lock * 1e3);
-  }
-  munmap(range, reg_size);
   region_src->Reset();
   region_dst->Reset();
 
@@ -266,14 +320,27 @@ int main(int argc, char** argv) {
     Row(absl::StrCat(methods[m].name, " / memcpy (speed)").c_str(),
         over_memcpy[m], m <= 2 ? "goal >= 0.9" : "");
   }
-  std::printf("%-46s median %.1f ms  (min %.1f, max %.1f)\n",
-              "RegisterHostMemory", Percentile(reg_ms, 0.5),
-              Percentile(reg_ms, 0.0), Percentile(reg_ms, 1.0));
-  std::printf("%-46s median %.1f ms  (min %.1f, max %.1f)\n", "mlock",
-              Percentile(mlock_ms, 0.5), Percentile(mlock_ms, 0.0),
-              Percentile(mlock_ms, 1.0));
-  Row("register / mlock (time)", reg_over_mlock, "goal <= 1.2");
-  Row("register+unregister / mlock+munlock (time)", cycle_over_mlock, "");
+  const auto ms_row = [](const char* what, const std::vector<double>& ms) {
+    std::printf("%-46s median %.1f ms  (min %.1f, max %.1f)\n", what,
+                Percentile(ms, 0.5), Percentile(ms, 0.0), Percentile(ms, 1.0));
+  };
+  ms_row("RegisterHostMemory, huge pages", huge.reg_ms);
+  ms_row("mlock, huge pages", huge.mlock_ms);
+  Row("register / mlock, huge pages (time)", huge.reg_over_mlock,
+      "goal <= 1.2");
+  Row("register+unregister / mlock+munlock, huge", huge.cycle_over_mlock, "");
+  if (pin_over_mlock.empty()) {
+    std::printf("%-46s (no io_uring long-term pin here: %s)\n",
+                "long-term pin alone / mlock, huge pages", no_pin.c_str());
+  } else {
+    ms_row("long-term pin alone, huge pages", pin_ms);
+    Row("long-term pin alone / mlock, huge pages", pin_over_mlock, "");
+  }
+  ms_row("RegisterHostMemory, 4 KiB pages", small.reg_ms);
+  ms_row("mlock, 4 KiB pages", small.mlock_ms);
+  Row("register / mlock, 4 KiB pages (time)", small.reg_over_mlock,
+      "goal <= 1.2");
+  Row("register+unregister / mlock+munlock, 4 KiB", small.cycle_over_mlock, "");
   Row("register / mlock, fresh memory (time)", fresh_over_mlock, "");
   return 0;
 }

@@ -76,6 +76,12 @@ struct alignas(64) DmaDescriptor {
   HostWindowId host_window = kInvalidHostWindow;
   uint32_t peer_device = 0;
   DmaDirection direction = DmaDirection::kHostToDevice;
+  // kDeviceToHost: the host reads these bytes next (a staging buffer the
+  // engine copies out of), so a device that can steer its writes into the
+  // host's cache (PCIe TLP processing hints) should; otherwise its writes
+  // are the final copy and should not displace the cache. A hint: a device
+  // may ignore it.
+  bool host_reads_next = false;
 };
 static_assert(sizeof(DmaDescriptor) == 64);
 

@@ -17,8 +17,8 @@ PathChoice Engine::PathFor(const void* host, uint64_t size, int device,
                            bool registrations) const {
   PathChoice c;
   const uint32_t align = devices_[device]->info().host_alignment;
-  const bool misaligned = size > 0 && align > 1 &&
-                          reinterpret_cast<uintptr_t>(host) % align != 0;
+  const bool misaligned =
+      size > 0 && align > 1 && reinterpret_cast<uintptr_t>(host) % align != 0;
   // Inside the caller's registered memory: the device DMAs it where it is,
   // whatever the size (unless it cannot at that address: then as below).
   if (registrations && size > 0 && !misaligned &&
@@ -187,8 +187,8 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
   // With the region off, the pinned path DMAs a heap image.
   const bool staging_ready = region_ != nullptr && StagingReady();
   op->path = staging_ready ? TransferPath::kStaged : TransferPath::kPinned;
-  op->pin_reason = region_ == nullptr ? PinReason::kRegionOff
-                                      : PinReason::kNotPremapped;
+  op->pin_reason =
+      region_ == nullptr ? PinReason::kRegionOff : PinReason::kNotPremapped;
   op->relayout = &shape.plan;
   op->image_bytes = a->image_bytes;
   if (to_device) {
@@ -405,10 +405,11 @@ std::string Engine::PathReason(const Op& op) const {
       switch (op.pin_reason) {
         case PinReason::kRegionOff:
           return bounce_ != nullptr
-                     ? absl::StrCat("the premapped region is off and the "
-                                    "transfer is larger than the bounce "
-                                    "pool takes, ",
-                                    config_.bounce_max_bytes, " bytes")
+                     ? absl::StrCat(
+                           "the premapped region is off and the "
+                           "transfer is larger than the bounce "
+                           "pool takes, ",
+                           config_.bounce_max_bytes, " bytes")
                      : std::string("the premapped region is off");
         case PinReason::kNotPremapped:
           return "staging space not premapped yet";
@@ -511,6 +512,10 @@ void Engine::SubmitChunk(Op& op, Chunk& c, HostWindowId window,
   d.device_address = op.buffer->address + op.buffer_offset + c.offset;
   d.host_window = window;
   d.direction = op.direction;
+  // Staged: the host copies the chunk out of staging next; an array's
+  // pinned image: the host lays it out next.
+  d.host_reads_next = op.direction == DmaDirection::kDeviceToHost &&
+                      (op.path == TransferPath::kStaged || op.image != nullptr);
   if (op.kind == OpKind::kDeviceToDevice) {
     d.peer_device = static_cast<uint32_t>(op.peer->device);
     d.peer_address = op.peer->address + op.peer_offset + c.offset;

@@ -20,6 +20,7 @@
 #include "common/mutex.h"
 #include "common/saturating.h"
 #include "common/status_macros.h"
+#include "common/stream_copy.h"
 #include "device/host_window_table.h"
 #include "env/fork_guard.h"
 #include "logging/log.h"
@@ -45,16 +46,34 @@ int64_t ModelTimeAdd(int64_t t, int64_t d) {
              : static_cast<int64_t>(sum);
 }
 
-// DMA copies go in bursts of at most this size. glibc's memcpy streams
-// larger copies past the cache (non-temporal stores); a DMA engine's writes
-// land in the host's cache (DDIO), where the consumer of a staging buffer
-// reads them next — and, on this kind of machine, copies this size run at
-// or above the speed of one large memcpy.
+// Cached DMA copies go in bursts of at most this size. glibc's memcpy
+// streams larger copies past the cache (non-temporal stores) on machines
+// whose threshold is low; a device→host descriptor the host reads next
+// (DmaDescriptor::host_reads_next: a staging buffer) should land in the
+// host's cache (DDIO), where the host's copy out of it finds it.
 constexpr uint64_t kBurstBytes = uint64_t{256} << 10;
 
 void CopyInBursts(char* dst, const char* src, uint64_t n) {
   for (uint64_t done = 0; done < n; done += kBurstBytes) {
     std::memcpy(dst + done, src + done, std::min(kBurstBytes, n - done));
+  }
+}
+
+// Descriptors at least this long whose destination nothing on the host
+// reads next — device memory, or a caller's buffer the transfer hands back
+// whole — are copied with non-temporal stores (StreamingCopy): written
+// through the cache they cost a read of every destination line first, and
+// ran at 0.6 of a one-thread memcpy of 256 MiB on the project's VM
+// (docs/performance.md). Shorter ones stay cached: a small transfer's
+// bytes are often read back at once (a round trip), and the fence costs
+// more than it saves.
+constexpr uint64_t kStreamBytes = uint64_t{64} << 10;
+
+void CopyForDma(char* dst, const char* src, uint64_t n, bool host_reads_next) {
+  if (host_reads_next || n < kStreamBytes) {
+    CopyInBursts(dst, src, n);
+  } else {
+    StreamingCopy(dst, src, n);
   }
 }
 
@@ -308,7 +327,8 @@ absl::Status SimDevice::Execute(const DmaDescriptor& d) {
           char* host, HostAddress(d.host_window, d.host_offset, d.length));
       TPUSHIM_RETURN_IF_ERROR(
           CheckDeviceRange(d.device_address, d.length, hbm_, "destination"));
-      CopyInBursts(hbm_.base + d.device_address, host, d.length);
+      CopyForDma(hbm_.base + d.device_address, host, d.length,
+                 /*host_reads_next=*/false);
       return absl::OkStatus();
     }
     case DmaDirection::kDeviceToHost: {
@@ -316,7 +336,8 @@ absl::Status SimDevice::Execute(const DmaDescriptor& d) {
           char* host, HostAddress(d.host_window, d.host_offset, d.length));
       TPUSHIM_RETURN_IF_ERROR(
           CheckDeviceRange(d.device_address, d.length, hbm_, "source"));
-      CopyInBursts(host, hbm_.base + d.device_address, d.length);
+      CopyForDma(host, hbm_.base + d.device_address, d.length,
+                 d.host_reads_next);
       return absl::OkStatus();
     }
     case DmaDirection::kDeviceToDevice: {

@@ -12,7 +12,12 @@
 //    instead of reaching a newer window);
 //  * per direction, a power-of-two ring of descriptors served in order by
 //    `dma_engines` DMA threads that memcpy between windows and HBM (device
-//    to device between the HBMs of one SimCluster).
+//    to device between the HBMs of one SimCluster). Descriptors of 64 KiB
+//    or more are copied with non-temporal stores (common/stream_copy.h),
+//    as a DMA engine's writes to device memory or to a host buffer handed
+//    back whole do not pass through the CPU's cache; device→host
+//    descriptors marked `host_reads_next` (staging) and shorter ones are
+//    copied through the cache.
 //
 // Link model (per device and direction, full duplex): with `link_gbps` > 0
 // a descriptor of B bytes occupies the link for B * 8 / link_gbps ns,

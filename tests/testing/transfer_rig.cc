@@ -14,15 +14,19 @@ namespace {
 
 // A device that states a host alignment and counts the descriptors that
 // break it (the device under it moves them anyway, so a test sees both the
-// data and the count).
+// data and the count), and counts descriptors by direction and hint.
 class AlignedDevice : public Device {
  public:
   AlignedDevice(std::unique_ptr<Device> device, uint32_t alignment,
                 uint32_t block_bytes,
-                std::shared_ptr<std::atomic<uint64_t>> misaligned)
+                std::shared_ptr<std::atomic<uint64_t>> misaligned,
+                std::shared_ptr<std::mutex> counts_mu,
+                std::shared_ptr<TransferRig::DescriptorCounts> counts)
       : device_(std::move(device)),
         info_(device_->info()),
-        misaligned_(std::move(misaligned)) {
+        misaligned_(std::move(misaligned)),
+        counts_mu_(std::move(counts_mu)),
+        counts_(std::move(counts)) {
     info_.host_alignment = alignment;
     info_.block_bytes = block_bytes;
   }
@@ -64,6 +68,13 @@ class AlignedDevice : public Device {
   size_t Submit(DmaDirection direction,
                 absl::Span<const DmaDescriptor> descriptors) override {
     {
+      std::lock_guard<std::mutex> lock(*counts_mu_);
+      for (const DmaDescriptor& d : descriptors) {
+        const int dir = static_cast<int>(d.direction);
+        ++(d.host_reads_next ? counts_->host_reads_next : counts_->plain)[dir];
+      }
+    }
+    {
       std::lock_guard<std::mutex> lock(mu_);
       for (const DmaDescriptor& d : descriptors) {
         if (d.direction == DmaDirection::kDeviceToDevice) continue;
@@ -94,6 +105,8 @@ class AlignedDevice : public Device {
   std::unique_ptr<Device> device_;
   DeviceInfo info_;
   std::shared_ptr<std::atomic<uint64_t>> misaligned_;
+  std::shared_ptr<std::mutex> counts_mu_;
+  std::shared_ptr<TransferRig::DescriptorCounts> counts_;
   std::mutex mu_;
   std::map<HostWindowId, uintptr_t> bases_;
   std::map<HostWindowId, uint64_t> lengths_;
@@ -102,6 +115,11 @@ class AlignedDevice : public Device {
 }  // namespace
 
 uint64_t TransferRig::misaligned_dma() const { return misaligned_dma_->load(); }
+
+TransferRig::DescriptorCounts TransferRig::descriptors() const {
+  std::lock_guard<std::mutex> lock(*counts_mu_);
+  return *counts_;
+}
 
 std::vector<std::pair<const void*, uint64_t>> TransferRig::HostWindows(
     int device) {
@@ -133,11 +151,11 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
       rig->devices_,
       OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
   if (params.host_alignment > 1 || params.block_bytes > 1 ||
-      params.window_alignment > 1) {
+      params.window_alignment > 1 || params.count_descriptors) {
     for (auto& d : rig->devices_) {
-      d = std::make_unique<AlignedDevice>(std::move(d), params.host_alignment,
-                                          params.block_bytes,
-                                          rig->misaligned_dma_);
+      d = std::make_unique<AlignedDevice>(
+          std::move(d), params.host_alignment, params.block_bytes,
+          rig->misaligned_dma_, rig->counts_mu_, rig->counts_);
       static_cast<AlignedDevice&>(*d).SetWindowAlignment(
           params.window_alignment);
     }

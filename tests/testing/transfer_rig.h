@@ -17,6 +17,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,9 @@ class TransferRig {
     // > 1: every device states that registered host memory must lie on
     // multiples of this (as vfio:// states its IOMMU page).
     uint32_t window_alignment = 1;
+    // Wraps the devices (as the three above do) to count descriptors by
+    // direction and DmaDescriptor::host_reads_next (descriptors()).
+    bool count_descriptors = false;
     TransferEngine::Config engine{};
     // TPUSHIM_MEMORY_PROFILE: opened for the devices before the engine
     // starts, as System::Create does; "" = none.
@@ -69,9 +73,16 @@ class TransferRig {
   FaultInjector& faults() { return *faults_; }
   // Descriptors whose host address broke Params::host_alignment.
   uint64_t misaligned_dma() const;
+  // Descriptors submitted to the wrapped devices so far, by direction
+  // (DmaDirection as an index) and whether they said host_reads_next.
+  struct DescriptorCounts {
+    uint64_t plain[3] = {0, 0, 0};
+    uint64_t host_reads_next[3] = {0, 0, 0};
+  };
+  DescriptorCounts descriptors() const;
   // The host windows (base, length) registered with `device` now, when
   // the devices are wrapped (host_alignment, block_bytes or
-  // window_alignment > 1); empty otherwise.
+  // window_alignment > 1, or count_descriptors); empty otherwise.
   std::vector<std::pair<const void*, uint64_t>> HostWindows(int device);
   FaultInjectingOs& os() { return *os_; }
 
@@ -91,6 +102,9 @@ class TransferRig {
   std::unique_ptr<TransferEngine> engine_;
   std::shared_ptr<std::atomic<uint64_t>> misaligned_dma_ =
       std::make_shared<std::atomic<uint64_t>>(0);
+  std::shared_ptr<std::mutex> counts_mu_ = std::make_shared<std::mutex>();
+  std::shared_ptr<DescriptorCounts> counts_ =
+      std::make_shared<DescriptorCounts>();
 };
 
 }  // namespace tpushim::testutil
