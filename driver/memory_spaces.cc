@@ -197,7 +197,7 @@ absl::StatusOr<std::shared_ptr<BufferState>> MemorySpaces::Use(
   return s;
 }
 
-std::shared_ptr<BufferState> MemorySpaces::NewHostState(
+std::shared_ptr<BufferState> MemorySpaces::MakeHostState(
     int memory, std::shared_ptr<HostStorage> storage) {
   auto s = std::make_shared<State>();
   s->owner = this;
@@ -214,6 +214,17 @@ std::shared_ptr<BufferState> MemorySpaces::NewHostState(
     MutexLock lock(&s->mu);
     s->storage = std::move(storage);
   }
+  return s;
+}
+
+std::shared_ptr<BufferState> MemorySpaces::NewHostState(
+    int memory, std::shared_ptr<HostStorage> storage) {
+  std::shared_ptr<State> s = MakeHostState(memory, std::move(storage));
+  Publish(s);
+  return s;
+}
+
+void MemorySpaces::Publish(const std::shared_ptr<State>& s) {
   MutexLock lock(&mu_);
   // Forget buffers that are gone, now and then, so the list stays short.
   if (host_buffers_.size() >= 64 &&
@@ -225,7 +236,6 @@ std::shared_ptr<BufferState> MemorySpaces::NewHostState(
         host_buffers_.end());
   }
   host_buffers_.push_back(s);
-  return s;
 }
 
 absl::StatusOr<std::shared_ptr<HostStorage>> MemorySpaces::NewStorage(
@@ -401,12 +411,13 @@ absl::StatusOr<MemoryBuffer> MemorySpaces::Allocate(
   TPUSHIM_ASSIGN_OR_RETURN(
       std::shared_ptr<HostStorage> storage,
       NewStorage(kWhat, memory, sizes->padded_bytes, &request));
-  std::shared_ptr<State> s = NewHostState(memory, std::move(storage));
+  std::shared_ptr<State> s = MakeHostState(memory, std::move(storage));
   s->shape = request.shape;
   s->unpadded = sizes->unpadded_bytes;
   s->host_bytes = HostBytes(parsed->array);
   s->label = spec.label;
   s->op_metadata = spec.op_metadata;
+  Publish(s);  // whole before a concurrent report can see it
   return MemoryBuffer(std::move(s));
 }
 
@@ -441,7 +452,7 @@ absl::StatusOr<MemoryCopy> MemorySpaces::Alias(int memory, const void* data,
   TPUSHIM_ASSIGN_OR_RETURN(CallerEvent made, system_->CreateEvent());
   auto released = std::make_shared<CallerEvent>(std::move(made));
   Event host_released = released->event();
-  std::shared_ptr<State> s = NewHostState(memory, nullptr);
+  std::shared_ptr<State> s = MakeHostState(memory, nullptr);
   s->size = s->unpadded = s->host_bytes = size;
   s->data = static_cast<char*>(const_cast<void*>(data));
   s->aliased = true;
@@ -476,6 +487,7 @@ absl::StatusOr<MemoryCopy> MemorySpaces::Alias(int memory, const void* data,
     MutexLock lock(&s->mu);
     s->storage = std::move(release);
   }
+  Publish(s);  // whole (aliased set) before a concurrent report sees it
   return MemoryCopy{MemoryBuffer(std::move(s)), Event(),
                     std::move(host_released)};
 }
@@ -709,20 +721,27 @@ absl::StatusOr<MemoryCopy> MemorySpaces::CopyToMemory(
     (void)Free(*dst, {});
     return event.status();
   }
-  // Both sides' host bytes live until the copy is done, whatever Free does;
-  // released on the completing thread before the event's other
-  // continuations run (a Free waiting for this copy frees after it).
+  // Both sides' host bytes live until the copy is done, whatever Free does.
+  // The caller's event is ready only once those holds are gone: a caller
+  // that awaits the copy and then frees either buffer gets its bytes back
+  // at once (the transfer's own event wakes its waiters before its
+  // continuations run, so it cannot promise that).
+  if (src_storage != nullptr || dst_storage != nullptr) {
+    auto released =
+        std::make_shared<transfer_internal::EventState>(executor_.get());
+    event->state()->AddContinuation(
+        [src_storage = std::move(src_storage),
+         dst_storage = std::move(dst_storage),
+         released](const absl::Status& status) mutable {
+          src_storage.reset();
+          dst_storage.reset();
+          released->Resolve(status);
+        });
+    *event = Event(std::move(released));
+  }
   if (d->kind != MemoryKind::kDevice) {
     MutexLock lock(&d->mu);
     d->ready = *event;
-  }
-  if (src_storage != nullptr || dst_storage != nullptr) {
-    event->state()->AddContinuation(
-        [src_storage = std::move(src_storage),
-         dst_storage = std::move(dst_storage)](const absl::Status&) mutable {
-          src_storage.reset();
-          dst_storage.reset();
-        });
   }
   Event done = *event;
   return MemoryCopy{*std::move(dst), std::move(done), *std::move(event)};

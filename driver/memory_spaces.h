@@ -151,8 +151,15 @@ class MemorySpaces {
   // RESOURCE_EXHAUSTED with the region's text and the pinned_host report.
   absl::StatusOr<std::shared_ptr<memory_internal::HostStorage>> NewStorage(
       absl::string_view what, int memory, uint64_t size, const State* request);
+  // A host buffer's state over `storage`, listed for the pinned_host
+  // report at once (NewHostState), or once the caller has filled in the
+  // rest (MakeHostState, then Publish): the report reads the fields of
+  // listed states without their lock, so a state is listed only whole.
   std::shared_ptr<State> NewHostState(
       int memory, std::shared_ptr<memory_internal::HostStorage> storage);
+  std::shared_ptr<State> MakeHostState(
+      int memory, std::shared_ptr<memory_internal::HostStorage> storage);
+  void Publish(const std::shared_ptr<State>& s) ABSL_LOCKS_EXCLUDED(mu_);
   std::string PinnedReport(const State& request) const;
   // A host buffer over the caller's `size` bytes at `data` (no copy), and
   // its host_released event: set once the last holder lets the bytes go.

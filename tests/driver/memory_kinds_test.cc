@@ -643,6 +643,26 @@ TEST_F(MemoryKindsTest, UnpinnedHostAliasesAnyCallerMemory) {
   EXPECT_EQ(system_->GetMemoryStats(unpinned())->bytes_in_use, 0u);
 }
 
+// Once a copy's event is ready, neither side's host bytes are held for it:
+// freeing the source right after awaiting gives them back at once.
+TEST_F(MemoryKindsTest, AfterACopyIsReadyFreeingItsSourceReturnsTheBytes) {
+  Start();
+  std::vector<char> data = Pattern(8192, 23);
+  for (int r = 0; r < 300; ++r) {
+    auto b = system_->CreateMemoryBuffer(data.data(), data.size(), unpinned(),
+                                         HostBufferSemantics::kMutableZeroCopy);
+    ASSERT_TRUE(b.ok()) << b.status();
+    auto dev = system_->CopyToMemory(b->buffer, r % 2);
+    ASSERT_TRUE(dev.ok()) << dev.status();
+    ASSERT_TRUE(dev->event.Await().ok());
+    ASSERT_TRUE(system_->Free(b->buffer)->Await().ok());
+    ASSERT_EQ(system_->GetMemoryStats(unpinned())->bytes_in_use, 0u)
+        << "round " << r;
+    ASSERT_EQ(system_->GetMemoryStats(unpinned())->buffers_live, 0u);
+    ASSERT_TRUE(system_->Free(dev->buffer)->Await().ok());
+  }
+}
+
 // CreateMemoryBuffer of one array: the dense bytes in, the tiled image
 // held; aliased only where the layout keeps the dense bytes as they are;
 // host_released as PJRT's done_with_host_buffer.
@@ -870,6 +890,41 @@ TEST_F(MemoryKindsTest, ConcurrentCopiesAndFreesKeepEveryByte) {
   EXPECT_EQ(system_->GetMemoryStats(0)->buffers_live +
                 system_->GetMemoryStats(1)->buffers_live,
             0u);
+}
+
+// The pinned_host report lists the live buffers while other threads make
+// new ones: a buffer is listed only once it is whole (its shape, label and
+// whether it aliases), which the TSan job checks.
+TEST_F(MemoryKindsTest, OutOfMemoryReportsWhileBuffersAreMadeSeeThemWhole) {
+  Start();
+  auto region = system_->AllocatePinnedHost(kMiB);
+  ASSERT_TRUE(region.ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int> bad{0};
+  std::thread reporter([&] {
+    while (!stop.load()) {
+      absl::StatusOr<MemoryBuffer> big =
+          system_->AllocateInMemory(pinned(), 64 * kMiB);
+      if (big.status().code() != absl::StatusCode::kResourceExhausted) ++bad;
+    }
+  });
+  for (int r = 0; r < 200; ++r) {
+    auto alias =
+        system_->CreateMemoryBuffer(region->data(), kMiB, pinned(),
+                                    HostBufferSemantics::kImmutableZeroCopy);
+    auto shaped = system_->AllocateInMemory(
+        pinned(), DeviceBufferSpec{.shape = "f32[8,128]", .label = "kv"});
+    if (!alias.ok() || !shaped.ok()) {
+      ++bad;
+      continue;
+    }
+    if (!system_->Free(alias->buffer)->Await().ok()) ++bad;
+    if (!system_->Free(*shaped)->Await().ok()) ++bad;
+  }
+  stop = true;
+  reporter.join();
+  EXPECT_EQ(bad.load(), 0);
+  EXPECT_EQ(system_->GetMemoryStats(pinned())->buffers_live, 0u);
 }
 
 // Buffers left when the system goes are released with it, the region's
