@@ -4,8 +4,11 @@
 //
 // Each device has
 //  * HBM: an anonymous MAP_NORESERVE mapping of `hbm` bytes, so a 16 GiB
-//    device costs host RAM only for the pages written; freeing a device
-//    buffer of 64 MiB or more gives its whole pages back (MADV_DONTNEED);
+//    device costs host RAM only for the pages written; advised for
+//    transparent huge pages (MADV_HUGEPAGE, after the fork advice), so a
+//    page written is 2 MiB where the kernel has one to give; freeing a
+//    device buffer of 64 MiB or more gives its whole pages back
+//    (MADV_DONTNEED);
 //  * a device-memory allocator (RegionAllocator, kDeviceMemory) whose
 //    failures read as XLA's;
 //  * a host-window table (ids carry a generation, so a stale id fails

@@ -7,6 +7,7 @@
 
 #include "device/sim/sim_device.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -299,6 +301,40 @@ TEST(SimDeviceTest, LargeHbmCostsOnlyTheBytesWritten) {
   EXPECT_EQ(os.mapped_bytes(), 0u);
 }
 
+// An Os that records the madvise calls it forwards.
+class AdviceRecordingOs : public OsWrapper {
+ public:
+  using OsWrapper::OsWrapper;
+  absl::Status Madvise(void* addr, size_t length, int advice) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      calls_.push_back({length, advice});
+    }
+    return OsWrapper::Madvise(addr, length, advice);
+  }
+  // How many calls gave `advice` for exactly `length` bytes.
+  int Count(size_t length, int advice) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return static_cast<int>(std::count(calls_.begin(), calls_.end(),
+                                       std::pair<size_t, int>{length, advice}));
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::pair<size_t, int>> calls_;
+};
+
+// Each device's whole HBM is advised for transparent huge pages (the
+// DMA engines' copies run faster over them), still mapped lazily.
+TEST(SimDeviceTest, HbmIsAdvisedForHugePages) {
+  AdviceRecordingOs os(Os::Default());
+  absl::StatusOr<Devices> devices =
+      Create("sim://?devices=2&hbm=64M", {}, nullptr, &os);
+  ASSERT_TRUE(devices.ok()) << devices.status();
+  EXPECT_EQ(os.Count(64 * kMiB, MADV_HUGEPAGE), 2);
+}
+
+// ---- Device memory --------------------------------------------------------
 // ---- Device memory --------------------------------------------------------
 
 TEST(SimDeviceTest, AllocationsAre64ByteAlignedAndCounted) {
@@ -419,9 +455,9 @@ TEST(SimDeviceTest, FreeingLargeBufferGivesItsPagesBack) {
 }
 
 TEST(SimDeviceTest, FreeSucceedsWhenReleasingPagesFails) {
-  // madvise call 1 is the fork advice on the device's memory at creation;
-  // call 2 gives a freed buffer's pages back.
-  absl::StatusOr<FaultSpec> spec = ParseFaultSpec("madvise:nth=2");
+  // madvise calls 1 and 2 are the fork and huge-page advice on the
+  // device's memory at creation; call 3 gives a freed buffer's pages back.
+  absl::StatusOr<FaultSpec> spec = ParseFaultSpec("madvise:nth=3");
   ASSERT_TRUE(spec.ok()) << spec.status();
   FaultInjector faults(*spec);
   FaultInjectingOs os(Os::Default(), &faults);
