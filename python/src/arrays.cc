@@ -158,13 +158,12 @@ std::vector<py::ssize_t> ShapeOf(const py::array& a) {
 // `array` as a NumPy array, C-contiguous and in native byte order (copied
 // when it is not: device_put takes whatever np.asarray takes).
 py::array Contiguous(const py::handle& array, const char* what) {
-  py::object np = py::module_::import("numpy");
   py::object converted;
   if (py::isinstance<py::array>(array)) {
     converted = py::reinterpret_borrow<py::object>(array);
   } else {
     try {
-      converted = np.attr("asarray")(array);
+      converted = py::module_::import("numpy").attr("asarray")(array);
     } catch (py::error_already_set& e) {
       throw py::type_error(absl::StrCat(
           what, ": expected a NumPy array (or what np.asarray takes), got ",
@@ -172,11 +171,11 @@ py::array Contiguous(const py::handle& array, const char* what) {
     }
   }
   py::array a = py::reinterpret_borrow<py::array>(converted);
-  if (a.dtype().attr("byteorder").cast<std::string>() == ">") {
+  if (a.dtype().byteorder() == '>') {
     a = a.attr("astype")(a.dtype().attr("newbyteorder")("="));
   }
   if (!(a.flags() & py::array::c_style)) {
-    a = np.attr("ascontiguousarray")(a);
+    a = py::module_::import("numpy").attr("ascontiguousarray")(a);
   }
   return a;
 }
