@@ -6,8 +6,10 @@
 // Lifetimes: an ndarray from _pinned_empty has a PinnedBuffer as its base,
 // which holds the region's buffer and the System; a transfer keeps the
 // host array it reads or writes alive until its event is ready
-// (KeepAliveUntil); a DeviceArray holds its Runtime and fails with
-// ValueError once its System is closed.
+// (a KeepAlive, held by the DeviceArray, the Events made from it and the
+// call's frame, dropped on the caller's thread when it sees the transfer
+// done); a DeviceArray holds its Runtime and fails with ValueError once
+// its System is closed.
 
 #include <Python.h>
 #include <pybind11/numpy.h>
@@ -56,6 +58,9 @@ struct PyDeviceArray {
   uint64_t nbytes = 0;
   tpushim::Event ready;
   tpushim::Event host_released;
+  // The host arrays its transfers still use (device_put's source, write's
+  // src, read's out), kept alive until each transfer lets go of them.
+  std::vector<std::shared_ptr<KeepAlive>> holds;
   bool deleted = false;
 
   PyDeviceArray() = default;
@@ -67,6 +72,12 @@ struct PyDeviceArray {
     std::shared_ptr<tpushim::System> system = runtime->Peek();
     // Freed once the transfers on it are done; nothing to report to.
     if (system != nullptr) system->Free(buffer).IgnoreError();
+  }
+
+  // Keeps `hold` (null: nothing to keep) with the others still pending.
+  void Hold(std::shared_ptr<KeepAlive> hold) {
+    DropReady(holds);
+    if (hold != nullptr) holds.push_back(std::move(hold));
   }
 
   // The System, for `what`; ValueError when closed or deleted.
@@ -147,13 +158,12 @@ std::vector<py::ssize_t> ShapeOf(const py::array& a) {
 // `array` as a NumPy array, C-contiguous and in native byte order (copied
 // when it is not: device_put takes whatever np.asarray takes).
 py::array Contiguous(const py::handle& array, const char* what) {
-  py::object np = py::module_::import("numpy");
   py::object converted;
   if (py::isinstance<py::array>(array)) {
     converted = py::reinterpret_borrow<py::object>(array);
   } else {
     try {
-      converted = np.attr("asarray")(array);
+      converted = py::module_::import("numpy").attr("asarray")(array);
     } catch (py::error_already_set& e) {
       throw py::type_error(absl::StrCat(
           what, ": expected a NumPy array (or what np.asarray takes), got ",
@@ -161,11 +171,11 @@ py::array Contiguous(const py::handle& array, const char* what) {
     }
   }
   py::array a = py::reinterpret_borrow<py::array>(converted);
-  if (a.dtype().attr("byteorder").cast<std::string>() == ">") {
+  if (a.dtype().byteorder() == '>') {
     a = a.attr("astype")(a.dtype().attr("newbyteorder")("="));
   }
   if (!(a.flags() & py::array::c_style)) {
-    a = np.attr("ascontiguousarray")(a);
+    a = py::module_::import("numpy").attr("ascontiguousarray")(a);
   }
   return a;
 }
@@ -338,7 +348,7 @@ py::object DevicePut(const PySystem& self, const py::object& value,
     dev.on_device_size = buffer->size();
     dev.ready = events->ready;
     dev.host_released = events->host_released;
-    KeepAliveUntil(dev.host_released, array);
+    dev.Hold(KeepAlive::Until(dev.host_released, array));
     return py::cast(std::move(dev));
   }
 
@@ -392,12 +402,15 @@ py::array DeviceGet(PyDeviceArray& dev, const py::object& out_arg) {
                                              wait_for);
     }
     ThrowIfError(done.status());
-    // Interrupted, the transfer still writes into `out`: keep it alive.
-    KeepAliveUntil(*done, out);
+    // Interrupted, the transfer still writes into `out`: `hold` keeps it
+    // alive (handed to the event's callback as the frame unwinds).
+    std::shared_ptr<KeepAlive> hold = KeepAlive::Until(*done, out);
     ThrowIfError(*WaitInterruptibly(*done, std::nullopt));
+    DropReady(dev.holds);  // the read waited for dev.ready
     return out;
   }
   ThrowIfError(*WaitInterruptibly(dev.ready, std::nullopt));
+  DropReady(dev.holds);
   std::memcpy(data, dev.buffer.data(), dev.nbytes);
   return out;
 }
@@ -494,10 +507,12 @@ or device_get(it, out=) brings it back as a NumPy array.
       .def_property_readonly("nbytes",
                              [](const PyDeviceArray& d) { return d.nbytes; })
       .def_property_readonly(
-          "ready", [](const PyDeviceArray& d) { return WrapEvent(d.ready); })
-      .def_property_readonly(
-          "host_released",
-          [](const PyDeviceArray& d) { return WrapEvent(d.host_released); })
+          "ready",
+          [](const PyDeviceArray& d) { return WrapEvent(d.ready, d.holds); })
+      .def_property_readonly("host_released",
+                             [](const PyDeviceArray& d) {
+                               return WrapEvent(d.host_released, d.holds);
+                             })
       .def_property_readonly("deleted",
                              [](const PyDeviceArray& d) { return d.deleted; })
       .def(
@@ -506,6 +521,7 @@ or device_get(it, out=) brings it back as a NumPy array.
             PyDeviceArray& d = self.cast<PyDeviceArray&>();
             d.Use("block_until_ready");
             ThrowIfError(*WaitInterruptibly(d.ready, std::nullopt));
+            DropReady(d.holds);
             return self;
           },
           "Waits until the array is in place; raises the transfer's error.")
@@ -520,6 +536,7 @@ or device_get(it, out=) brings it back as a NumPy array.
               ThrowIfError(freed.status());
               ThrowIfError(*WaitInterruptibly(*freed, std::nullopt));
             }
+            DropReady(d.holds);
           },
           "Frees the array's memory once the transfers on it are done, and "
           "waits for that; using it afterwards is a ValueError.")
@@ -549,11 +566,13 @@ or device_get(it, out=) brings it back as a NumPy array.
                   static_cast<uint64_t>(array.nbytes()), wait_for);
             }
             ThrowIfError(events.status());
-            KeepAliveUntil(events->host_released, array);
+            std::shared_ptr<KeepAlive> hold =
+                KeepAlive::Until(events->host_released, array);
+            d.Hold(hold);
             absl::StatusOr<tpushim::Event> ready =
                 system->BufferReadyEvent(d.buffer.device_buffer());
             if (ready.ok()) d.ready = *ready;
-            return WrapEvent(events->ready);
+            return WrapEvent(events->ready, {hold});
           },
           py::arg("src"), py::arg("offset") = 0,
           "Writes src's bytes at byte `offset` of the device's layout (no "
@@ -577,8 +596,9 @@ or device_get(it, out=) brings it back as a NumPy array.
                   static_cast<uint64_t>(out.nbytes()), wait_for);
             }
             ThrowIfError(done.status());
-            KeepAliveUntil(*done, out);
-            return WrapEvent(*done);
+            std::shared_ptr<KeepAlive> hold = KeepAlive::Until(*done, out);
+            d.Hold(hold);
+            return WrapEvent(*done, {hold});
           },
           py::arg("out"), py::arg("offset") = 0,
           "Reads out.nbytes bytes from byte `offset` of the device's layout "

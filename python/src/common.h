@@ -19,6 +19,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
@@ -107,12 +108,50 @@ std::optional<absl::Status> WaitInterruptibly(const tpushim::Event& event,
 // Both steal a reference; safe to call without the GIL.
 void PostCallback(PyObject* fn, PyObject* arg);
 void PostRelease(PyObject* object);
-// Keeps `object` alive until `event` is ready (a transfer reading or
-// writing its memory). REQUIRES: the GIL held.
-void KeepAliveUntil(const tpushim::Event& event, const py::object& object);
 
-// tpushim::Event as Python sees it (events.cc).
-py::object WrapEvent(tpushim::Event event);
+// Keeps a Python object alive until an event is ready (the host array a
+// transfer reads or writes) without waking the dispatcher thread in the
+// common case: whoever holds the KeepAlive — the DeviceArray, the Events
+// made from it, a call's frame — drops the reference on its own thread
+// when it sees the event ready (DropIfReady; nothing runs on the event's
+// completion for it). Only when the last holder goes while the event is
+// still pending does the KeepAlive add an event callback that hands the
+// reference to the dispatcher thread (PostRelease) once the event is
+// ready. Either way it is dropped once, never before the event is ready.
+//
+// Held through std::shared_ptr; every member and the destructor REQUIRE
+// the GIL (they may drop the reference).
+class KeepAlive {
+ public:
+  // Null when `event` is already ready (nothing to keep). Takes a new
+  // reference to `object`.
+  static std::shared_ptr<KeepAlive> Until(const tpushim::Event& event,
+                                          const py::handle& object);
+  KeepAlive(const KeepAlive&) = delete;
+  KeepAlive& operator=(const KeepAlive&) = delete;
+  // Drops the reference now if the event is ready; true once dropped.
+  bool DropIfReady();
+  // Drops it now if the event is ready, else leaves it to an event
+  // callback (and so to the dispatcher thread).
+  ~KeepAlive();
+
+ private:
+  KeepAlive(tpushim::Event event, PyObject* object)
+      : event_(std::move(event)), object_(object) {}
+
+  tpushim::Event event_;
+  PyObject* object_;  // owned; null once dropped or handed over
+};
+
+// Drops the KeepAlives among `holds` whose events are ready and forgets
+// them. REQUIRES: the GIL held.
+void DropReady(std::vector<std::shared_ptr<KeepAlive>>& holds);
+
+// tpushim::Event as Python sees it (events.cc). The Event shares `holds`
+// (the references its transfer needs kept alive) and drops them when a
+// wait or done() sees it ready.
+py::object WrapEvent(tpushim::Event event,
+                     std::vector<std::shared_ptr<KeepAlive>> holds = {});
 
 void RegisterCompletions(py::module_& m);
 void RegisterEvents(py::module_& m);

@@ -6,7 +6,9 @@
 // here; the module's dispatcher thread (tpushim/_events.py) takes the
 // items with the GIL released and handles them with it: it runs the done
 // callbacks and drops the references that kept arrays alive during
-// transfers.
+// transfers whose Python holders went before the transfer ended (a
+// KeepAlive's holders drop it themselves otherwise, sparing a wake-up of
+// this thread and a GIL hand-off on every transfer).
 //
 // fork(): the child gets a new, empty queue (_after_fork_in_child); the
 // parent's items are left behind, unreachable (a few leaked references in
@@ -15,7 +17,9 @@
 #include <Python.h>
 
 #include <atomic>
+#include <cstdint>
 #include <deque>
+#include <memory>
 #include <optional>
 #include <utility>
 #include <vector>
@@ -55,6 +59,8 @@ class Queue {
 
 // Never destroyed: C++ threads may post during interpreter shutdown.
 std::atomic<Queue*> g_queue{new Queue};
+// References handed to the dispatcher thread (PostRelease), for tests.
+std::atomic<uint64_t> g_posted_releases{0};
 
 }  // namespace
 
@@ -63,14 +69,37 @@ void PostCallback(PyObject* fn, PyObject* arg) {
 }
 
 void PostRelease(PyObject* object) {
+  g_posted_releases.fetch_add(1, std::memory_order_relaxed);
   g_queue.load(std::memory_order_acquire)->Push(Item{nullptr, object});
 }
 
-void KeepAliveUntil(const tpushim::Event& event, const py::object& object) {
-  if (event.IsReady()) return;
-  PyObject* held = object.ptr();
-  Py_INCREF(held);
-  event.AddCallback([held](absl::Status) { PostRelease(held); });
+std::shared_ptr<KeepAlive> KeepAlive::Until(const tpushim::Event& event,
+                                            const py::handle& object) {
+  if (event.IsReady()) return nullptr;
+  Py_INCREF(object.ptr());
+  return std::shared_ptr<KeepAlive>(new KeepAlive(event, object.ptr()));
+}
+
+bool KeepAlive::DropIfReady() {
+  if (object_ == nullptr) return true;
+  if (!event_.IsReady()) return false;
+  Py_DECREF(std::exchange(object_, nullptr));
+  return true;
+}
+
+KeepAlive::~KeepAlive() {
+  if (DropIfReady()) return;
+  // The last holder went first: the event's callback (no GIL there) hands
+  // the reference to the dispatcher thread once the event is ready (at
+  // once, here, if it became ready since DropIfReady looked).
+  PyObject* object = std::exchange(object_, nullptr);
+  event_.AddCallback([object](absl::Status) { PostRelease(object); });
+}
+
+void DropReady(std::vector<std::shared_ptr<KeepAlive>>& holds) {
+  std::erase_if(holds, [](const std::shared_ptr<KeepAlive>& hold) {
+    return hold == nullptr || hold->DropIfReady();
+  });
 }
 
 void RegisterCompletions(py::module_& m) {
@@ -100,6 +129,11 @@ void RegisterCompletions(py::module_& m) {
       py::arg("timeout") = py::none(),
       "Waits (GIL released) for completions; drops the references kept "
       "for finished transfers and returns the (fn, arg) callbacks to run.");
+  m.def(
+      "_posted_releases",
+      []() { return g_posted_releases.load(std::memory_order_relaxed); },
+      "How many kept-alive references were handed to the dispatcher thread "
+      "to drop (their holders went before the transfer ended); for tests.");
   m.def(
       "_after_fork_in_child",
       []() { g_queue.store(new Queue, std::memory_order_release); },

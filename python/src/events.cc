@@ -14,8 +14,10 @@
 
 namespace tpushim_py {
 
-py::object WrapEvent(tpushim::Event event) {
-  return py::cast(PyEvent{std::move(event)});
+py::object WrapEvent(tpushim::Event event,
+                     std::vector<std::shared_ptr<KeepAlive>> holds) {
+  DropReady(holds);
+  return py::cast(PyEvent{std::move(event), std::move(holds)});
 }
 
 void RegisterEvents(py::module_& m) {
@@ -29,24 +31,31 @@ add_done_callback(fn)        fn(event) runs once done, on the module's
                              dispatcher thread with the GIL.
 result(timeout=None), exception(timeout=None), await event: see tpushim.
 )doc")
-      .def("done", [](const PyEvent& e) { return e.event.IsReady(); })
+      .def("done",
+           [](PyEvent& e) {
+             if (!e.event.IsReady()) return false;
+             DropReady(e.holds);
+             return true;
+           })
       .def(
           "wait",
-          [](const PyEvent& e, std::optional<double> timeout) {
+          [](PyEvent& e, std::optional<double> timeout) {
             std::optional<absl::Status> status =
                 WaitInterruptibly(e.event, timeout);
             if (!status.has_value()) return false;
+            DropReady(e.holds);
             ThrowIfError(*status);
             return true;
           },
           py::arg("timeout") = py::none())
       .def(
           "_wait_status",
-          [](const PyEvent& e, std::optional<double> timeout) -> py::object {
+          [](PyEvent& e, std::optional<double> timeout) -> py::object {
             // None on timeout, else None for OK or the error object.
             std::optional<absl::Status> status =
                 WaitInterruptibly(e.event, timeout);
             if (!status.has_value()) return py::make_tuple(false, py::none());
+            DropReady(e.holds);
             if (status->ok()) return py::make_tuple(true, py::none());
             return py::make_tuple(true, ErrorObject(*status));
           },

@@ -6,7 +6,9 @@ thread only posts to the extension's completion queue, and one daemon
 thread of this module (the dispatcher) runs them with the GIL, in the
 order they became runnable. An exception a callback raises goes to
 sys.unraisablehook (never lost, never fatal). The dispatcher also drops
-the references that kept host arrays alive while transfers used them.
+the references that kept host arrays alive for transfers whose holders
+(DeviceArray, events) went before the transfer finished; otherwise the
+thread that sees the transfer done drops them itself.
 
 fork(): os.register_at_fork gives the child a fresh queue and, on first
 use, its own dispatcher thread.

@@ -127,6 +127,53 @@ def test_device_array_dropped_with_transfers_in_flight(system):
     np.testing.assert_array_equal(np.asarray(dev), np.ones(4))
 
 
+def test_round_trips_drop_their_keep_alives_on_the_callers_thread(system):
+    # A transfer keeps its host array alive; when the caller waits for it,
+    # the caller's thread drops that reference: the dispatcher thread is
+    # not woken (nor the GIL handed to it) for any transfer here.
+    from tpushim import _tpushim
+    small, back = np.arange(1024, dtype=np.float32), np.empty(1024, np.float32)
+    before = _tpushim._posted_releases()
+    for _ in range(50):
+        dev = system.device_put(small)
+        dev.ready.wait()
+        system.device_get(dev, out=back)
+        dev.write(small).wait()
+        dev.read(back).wait()
+        del dev
+    np.testing.assert_array_equal(back, small)
+    assert _tpushim._posted_releases() == before
+
+
+def test_waiting_drops_the_kept_host_array(system):
+    import weakref
+    host = np.ones(1 << 18, np.float32)
+    ref = weakref.ref(host)
+    dev = system.device_put(host)
+    released = dev.host_released  # shares the reference the put keeps
+    del dev, host
+    released.wait()
+    assert ref() is None  # dropped by the wait, on this thread
+
+
+def test_host_array_of_a_dropped_device_array_is_released(system):
+    # Nobody waits: the reference goes to the dispatcher thread once the
+    # transfer lets go of the array, and the array is freed (no leak).
+    import time
+    import weakref
+    refs = []
+    for _ in range(10):
+        host = np.ones(1 << 16, np.float32)
+        refs.append(weakref.ref(host))
+        system.device_put(host)  # dropped at once
+        del host
+    deadline = time.monotonic() + 30
+    while any(r() is not None for r in refs) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.001)
+    assert all(r() is None for r in refs)
+
+
 def test_deleted_device_array(system):
     dev = system.device_put(np.ones(1024, np.float32))
     before = system.stats()["transfers"]["device_buffers_live"]
