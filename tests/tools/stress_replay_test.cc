@@ -251,7 +251,7 @@ class StressReplayRefusalTest : public ::testing::Test {
   // A small clean record, as lines, that holds an issued operation of every
   // kind the cases below edit. Whether an await finds an event still pending
   // depends on how fast the DMA threads ran, so a run may skip them all; the
-  // next seed is tried then (a handful at most).
+  // next seed is tried then (at most 20).
   static void SetUpTestSuite() {
     TempDir dir;
     for (int seed = 3; seed < 3 + kMaxRecordAttempts; ++seed) {
