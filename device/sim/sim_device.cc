@@ -139,6 +139,7 @@ class SimDevice final : public Device {
     return queues_[static_cast<int>(direction)]->in_flight.load(
         std::memory_order_acquire);
   }
+  bool Poll(DmaDirection direction, uint64_t max_length) override;
   void StopModelledDelays() override;
   void Shutdown() override;
 
@@ -155,12 +156,16 @@ class SimDevice final : public Device {
     std::atomic<uint32_t> in_flight{0};
     // Bumped by every Submit; idle engines poll it before they sleep.
     std::atomic<uint64_t> submits{0};
+    // tail - head, readable without the lock: Poll's quick look.
+    std::atomic<uint32_t> waiting{0};
 
     Mutex mu;
     CondVar cv;
     uint64_t head ABSL_GUARDED_BY(mu) = 0;
     uint64_t tail ABSL_GUARDED_BY(mu) = 0;
     int sleeping ABSL_GUARDED_BY(mu) = 0;
+    // Descriptors Poll took and has not delivered yet: Shutdown waits.
+    int polling ABSL_GUARDED_BY(mu) = 0;
     bool shutdown ABSL_GUARDED_BY(mu) = false;
     int64_t link_free_ns ABSL_GUARDED_BY(mu) = 0;
     // Set (under mu) by StopModelledDelays: no more waiting for the model.
@@ -173,6 +178,10 @@ class SimDevice final : public Device {
   struct NoExtra {};
 
   void EngineLoop(Queue& q, int engine);
+  // Runs `d`, taken from the ring at `now`, and returns its completion;
+  // `modelled` (under the link model) sets its end time from the model.
+  DmaCompletion Run(const DmaDescriptor& d, int64_t start_ns, bool cancel,
+                    bool modelled, int64_t end_ns);
   // Copies the descriptor's bytes (or fails it); returns the status.
   absl::Status Execute(const DmaDescriptor& d);
   // Resolves `window` + `offset` for `length` bytes; OUT_OF_RANGE if not.
@@ -378,6 +387,8 @@ size_t SimDevice::Submit(DmaDirection direction,
     for (size_t i = 0; i < accepted; ++i) {
       q.ring[q.tail++ & q.mask] = descriptors[i];
     }
+    q.waiting.fetch_add(static_cast<uint32_t>(accepted),
+                        std::memory_order_release);
     q.in_flight.fetch_add(static_cast<uint32_t>(accepted),
                           std::memory_order_relaxed);
     wake = accepted > 0 && q.sleeping > 0;
@@ -410,6 +421,10 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
   // Executed descriptors waiting for their modelled end time, in order.
   std::deque<DmaCompletion> delayed;
   std::vector<DmaCompletion> due;
+  // Whether this engine ran a descriptor since it last slept: only then
+  // is more work likely soon (woken for one a waiter's Poll took, it
+  // sleeps again at once rather than hold a CPU).
+  bool ran = false;
   for (;;) {
     // Deliver what is due (everything, once the device stops modelling).
     if (!delayed.empty()) {
@@ -435,6 +450,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
       MutexLock lock(&q.mu);
       if (q.head != q.tail) {
         d = q.ring[q.head++ & q.mask];
+        q.waiting.fetch_sub(1, std::memory_order_relaxed);
         have = true;
         cancel = q.shutdown;
         const int64_t now = os_->MonotonicNanos();
@@ -456,12 +472,8 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
       }
     }
     if (have) {
-      absl::Status status =
-          cancel ? absl::CancelledError(absl::StrCat(
-                       info_.name, " shut down before the descriptor started"))
-                 : Execute(d);
-      if (!cancel && !modelled) end_ns = os_->MonotonicNanos();
-      DmaCompletion c{d.user_data, std::move(status), start_ns, end_ns};
+      ran = true;
+      DmaCompletion c = Run(d, start_ns, cancel, modelled, end_ns);
       if (!delayed.empty() || end_ns > os_->MonotonicNanos()) {
         delayed.push_back(std::move(c));
       } else {
@@ -489,7 +501,8 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
 
     // Spin a little: a descriptor submitted right after the last one
     // starts without a wake-up.
-    const int64_t spin_until = os_->MonotonicNanos() + idle_spin_ns_;
+    const int64_t spin_until =
+        ran || !delayed.empty() ? os_->MonotonicNanos() + idle_spin_ns_ : 0;
     bool work = false;
     while (os_->MonotonicNanos() < spin_until) {
       if (q.submits.load(std::memory_order_acquire) != seen) {
@@ -518,7 +531,49 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
       q.cv.WaitUntilMonotonicNanos(&q.mu, delayed.front().end_ns);
     }
     --q.sleeping;
+    ran = false;
   }
+}
+
+DmaCompletion SimDevice::Run(const DmaDescriptor& d, int64_t start_ns,
+                             bool cancel, bool modelled, int64_t end_ns) {
+  absl::Status status =
+      cancel ? absl::CancelledError(absl::StrCat(
+                   info_.name, " shut down before the descriptor started"))
+             : Execute(d);
+  if (!cancel && !modelled) end_ns = os_->MonotonicNanos();
+  return DmaCompletion{d.user_data, std::move(status), start_ns, end_ns};
+}
+
+bool SimDevice::Poll(DmaDirection direction, uint64_t max_length) {
+  const int dir = static_cast<int>(direction);
+  if (dir < 0 || dir >= kDmaDirectionCount) return false;
+  // Under the link model the engines keep the link's time: a descriptor
+  // run here would jump the model's queue.
+  if (ns_per_byte_ > 0 || latency_ns_ > 0) return false;
+  Queue& q = *queues_[dir];
+  if (q.waiting.load(std::memory_order_acquire) == 0) return false;
+  DmaDescriptor d;
+  int64_t start_ns;
+  {
+    MutexLock lock(&q.mu);
+    if (q.shutdown || q.head == q.tail) return false;
+    const DmaDescriptor& next = q.ring[q.head & q.mask];
+    if (next.length > max_length) return false;
+    d = next;
+    ++q.head;
+    q.waiting.fetch_sub(1, std::memory_order_relaxed);
+    ++q.polling;
+    start_ns = os_->MonotonicNanos();
+  }
+  DmaCompletion c =
+      Run(d, start_ns, /*cancel=*/false, /*modelled=*/false, start_ns);
+  Deliver(q, {&c, 1});
+  // Signalled under the lock: once Shutdown sees 0 it may return and the
+  // device go, so nothing here touches `q` after the unlock.
+  MutexLock lock(&q.mu);
+  if (--q.polling == 0 && q.shutdown) q.cv.SignalAll();
+  return true;
 }
 
 void SimDevice::StopModelledDelays() {
@@ -547,6 +602,10 @@ void SimDevice::Shutdown() {
   for (auto& q : queues_) {
     for (std::thread& t : q->engines) t.join();
     q->engines.clear();
+    // A descriptor Poll took before the shutdown completes before we
+    // return (the sink hears of nothing afterwards).
+    MutexLock lock(&q->mu);
+    while (q->polling > 0) q->cv.Wait(&q->mu);
   }
 }
 

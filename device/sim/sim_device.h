@@ -39,7 +39,9 @@
 // the rule names a code) and copies nothing.
 //
 // Idle DMA threads spin for a few microseconds before they sleep, so a
-// descriptor submitted right after another starts without a wake-up.
+// descriptor submitted right after another starts without a wake-up. One
+// submitted later waits for a thread to wake, unless the thread about to
+// wait for it runs it itself (Poll: a device without the link model only).
 //
 // Thread-safety: as Device.
 
