@@ -48,6 +48,7 @@
 #include "transfer/host_worker.h"
 #include "transfer/memory_profile.h"
 #include "transfer/pin_tracker.h"
+#include "transfer/poll_gate.h"
 #include "transfer/relayout.h"
 #include "transfer/trace.h"
 #include "transfer/transfer_engine.h"
@@ -621,6 +622,9 @@ class Engine {
   const pid_t owner_pid_;
 
   CallbackExecutor callbacks_;
+  // Lets waiters of small transfers run their descriptors (Submit); closed
+  // first thing in Shutdown.
+  const std::shared_ptr<PollGate> poll_gate_;
   // The events callers set; failed (CANCELLED) at shutdown.
   std::shared_ptr<CallerEventHub> caller_events_;
   // Host-side completion work, one worker per device so that one device's

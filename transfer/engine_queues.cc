@@ -244,8 +244,16 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
   // A write to a device buffer counts toward its readiness from now.
   if (op->kind == OpKind::kToDevice) TrackWrite(op->buffer, op->event);
   if (op->kind == OpKind::kDeviceToDevice) TrackWrite(op->peer, op->event);
-  // Awaiting a small transfer polls; a large one sleeps at once.
-  if (op->size > kSpinAwaitMaxBytes) op->event->set_await_spin_ns(0);
+  // Awaiting a small transfer polls, and runs what waits in its queue
+  // rather than wait for a DMA thread to wake; a large one sleeps at once.
+  if (op->size > kSpinAwaitMaxBytes) {
+    op->event->set_await_spin_ns(0);
+  } else {
+    op->event->set_poller(
+        [gate = poll_gate_, device = op->device, direction = op->direction] {
+          return gate->Poll(device, direction, kSpinAwaitMaxBytes);
+        });
+  }
   op->submit_ns = os_->MonotonicNanos();
   Queue& q = QueueOf(op->device, op->direction);
   {

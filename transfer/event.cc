@@ -137,11 +137,24 @@ bool EventState::SpinUntilReady(int64_t spin_ns) const {
   static std::atomic<int> spinners{0};
   if (IsReady()) return true;
   if (spin_ns <= 0) return false;
+  // First run what waits in the transfer's queue (a few descriptors at
+  // most: another thread's stream of them is not this waiter's to run).
+  // This does work rather than take a CPU from it, so it is not limited
+  // like the polling below.
+  if (poller_) {
+    for (int i = 0; i < kMaxPolledDescriptors && !IsReady() && poller_(); ++i) {
+    }
+    if (IsReady()) return true;
+  }
   if (spinners.fetch_add(1, std::memory_order_acq_rel) >= max_spinners) {
     spinners.fetch_sub(1, std::memory_order_acq_rel);
     return false;
   }
-  const bool ready = SpinFor(spin_ns, [this] { return IsReady(); });
+  const bool ready = SpinFor(spin_ns, [this] {
+    // The descriptor may reach the queue while we poll (a transfer
+    // started by another thread, after a dependency).
+    return IsReady() || (poller_ && poller_() && IsReady());
+  });
   spinners.fetch_sub(1, std::memory_order_acq_rel);
   return ready;
 }

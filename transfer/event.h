@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -84,9 +85,17 @@ class EventState {
   // transfer's round trip, and 0 for operations that take far longer
   // (polling would only take the CPU from the threads doing the work).
   static constexpr int64_t kDefaultAwaitSpinNs = 20'000;
+  // Descriptors one waiter runs before it starts polling (set_poller).
+  static constexpr int kMaxPolledDescriptors = 8;
   void set_await_spin_ns(int64_t ns) {
     await_spin_ns_.store(ns, std::memory_order_relaxed);
   }
+  // What a waiter does while it polls, besides looking at the event: for a
+  // small transfer, run a descriptor waiting in its queue (true when it ran
+  // one), so that the transfer need not wait for a DMA thread to wake. Set
+  // once, before the event reaches another thread; called concurrently by
+  // every waiter.
+  void set_poller(std::function<bool()> poller) { poller_ = std::move(poller); }
 
   bool IsReady() const { return ready_.load(std::memory_order_acquire); }
   // REQUIRES: IsReady().
@@ -118,6 +127,7 @@ class EventState {
   const pid_t pid_ = CurrentProcessId();
   std::atomic<bool> ready_{false};
   std::atomic<int64_t> await_spin_ns_{kDefaultAwaitSpinNs};
+  std::function<bool()> poller_;
   absl::Status status_;  // written once, before ready_ is released
 
   mutable Mutex mu_;

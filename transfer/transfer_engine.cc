@@ -64,6 +64,7 @@ Engine::Engine(std::vector<Device*> devices, PremappedRegion* region, Os* os,
       threshold_(region == nullptr ? 0 : region->allocator().threshold()),
       origin_ns_(os->MonotonicNanos()),
       owner_pid_(CurrentProcessId()),
+      poll_gate_(std::make_shared<PollGate>(devices_)),
       caller_events_(std::make_shared<CallerEventHub>(&callbacks_, this)),
       pins_(os) {
   {
@@ -195,6 +196,9 @@ void Engine::Shutdown() {
     shutting_down_ = true;
     closing_.store(true, std::memory_order_release);
   }
+  // From here on the DMA threads alone run descriptors: the devices go
+  // after this, and a waiter's poll must not reach them then.
+  poll_gate_->Close();
   // Fail the caller events not set (and the chunked transfers without
   // their last chunk): nothing set after this could reach the engine, and
   // the operations waiting for them are cancelled below.

@@ -90,6 +90,9 @@ class AlignedDevice : public Device {
   uint32_t InFlight(DmaDirection direction) const override {
     return device_->InFlight(direction);
   }
+  bool Poll(DmaDirection direction, uint64_t max_length) override {
+    return device_->Poll(direction, max_length);
+  }
   void Shutdown() override { device_->Shutdown(); }
 
   std::vector<std::pair<const void*, uint64_t>> Windows() {
@@ -159,6 +162,9 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
       static_cast<AlignedDevice&>(*d).SetWindowAlignment(
           params.window_alignment);
     }
+  }
+  if (params.wrap_device) {
+    for (auto& d : rig->devices_) d = params.wrap_device(std::move(d));
   }
   std::vector<Device*> devices;
   for (auto& d : rig->devices_) devices.push_back(d.get());

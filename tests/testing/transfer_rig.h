@@ -16,6 +16,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,6 +56,9 @@ class TransferRig {
     // Wraps the devices (as the three above do) to count descriptors by
     // direction and DmaDescriptor::host_reads_next (descriptors()).
     bool count_descriptors = false;
+    // The test's own wrapper of each device (after the ones above).
+    std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)>
+        wrap_device{};
     TransferEngine::Config engine{};
     // TPUSHIM_MEMORY_PROFILE: opened for the devices before the engine
     // starts, as System::Create does; "" = none.
