@@ -241,11 +241,10 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
                                      absl::Span<const Event> wait_for) {
   op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
   op->event = std::make_shared<EventState>(&callbacks_, this);
-  // A write to a device buffer counts toward its readiness from now.
-  if (op->kind == OpKind::kToDevice) TrackWrite(op->buffer, op->event);
-  if (op->kind == OpKind::kDeviceToDevice) TrackWrite(op->peer, op->event);
   // Awaiting a small transfer polls, and runs what waits in its queue
   // rather than wait for a DMA thread to wake; a large one sleeps at once.
+  // Set before the event can reach another thread (TrackWrite below
+  // hands it to whoever asks for the buffer's readiness).
   if (op->size > kSpinAwaitMaxBytes) {
     op->event->set_await_spin_ns(0);
   } else {
@@ -254,6 +253,9 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
           return gate->Poll(device, direction, kSpinAwaitMaxBytes);
         });
   }
+  // A write to a device buffer counts toward its readiness from now.
+  if (op->kind == OpKind::kToDevice) TrackWrite(op->buffer, op->event);
+  if (op->kind == OpKind::kDeviceToDevice) TrackWrite(op->peer, op->event);
   op->submit_ns = os_->MonotonicNanos();
   Queue& q = QueueOf(op->device, op->direction);
   {
