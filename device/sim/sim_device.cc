@@ -158,12 +158,21 @@ class SimDevice final : public Device {
     std::atomic<uint64_t> submits{0};
     // tail - head, readable without the lock: Poll's quick look.
     std::atomic<uint32_t> waiting{0};
+    // Bumped whenever a descriptor's run ends (running drops): an idle
+    // engine that saw work it had no room to start looks again.
+    std::atomic<uint64_t> runs_ended{0};
 
     Mutex mu;
     CondVar cv;
     uint64_t head ABSL_GUARDED_BY(mu) = 0;
     uint64_t tail ABSL_GUARDED_BY(mu) = 0;
     int sleeping ABSL_GUARDED_BY(mu) = 0;
+    // Descriptors taken and not yet delivered (or, under the link model,
+    // not yet copied), by engines and Polls alike: at most dma_engines, so
+    // a Poll runs a descriptor only in place of an engine, and with one
+    // engine the queue runs and completes its descriptors one at a time,
+    // in ring order, whoever runs them.
+    int running ABSL_GUARDED_BY(mu) = 0;
     // Descriptors Poll took and has not delivered yet: Shutdown waits.
     int polling ABSL_GUARDED_BY(mu) = 0;
     bool shutdown ABSL_GUARDED_BY(mu) = false;
@@ -178,6 +187,8 @@ class SimDevice final : public Device {
   struct NoExtra {};
 
   void EngineLoop(Queue& q, int engine);
+  // A descriptor's run ended: one more may start.
+  void EndRun(Queue& q, bool polled);
   // Runs `d`, taken from the ring at `now`, and returns its completion;
   // `modelled` (under the link model) sets its end time from the model.
   DmaCompletion Run(const DmaDescriptor& d, int64_t start_ns, bool cancel,
@@ -446,11 +457,13 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
     bool cancel = false;
     bool modelled = false;
     uint64_t seen = q.submits.load(std::memory_order_acquire);
+    const uint64_t seen_ends = q.runs_ended.load(std::memory_order_acquire);
     {
       MutexLock lock(&q.mu);
-      if (q.head != q.tail) {
+      if (q.head != q.tail && q.running < info_.dma_engines) {
         d = q.ring[q.head++ & q.mask];
         q.waiting.fetch_sub(1, std::memory_order_relaxed);
+        ++q.running;
         have = true;
         cancel = q.shutdown;
         const int64_t now = os_->MonotonicNanos();
@@ -467,7 +480,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
               ModelNanos(static_cast<double>(d.length) * ns_per_byte_));
           end_ns = ModelTimeAdd(q.link_free_ns, latency_ns_);
         }
-      } else if (q.shutdown) {
+      } else if (q.shutdown && q.head == q.tail) {
         if (delayed.empty()) return;
       }
     }
@@ -479,6 +492,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
       } else {
         Deliver(q, {&c, 1});
       }
+      EndRun(q, /*polled=*/false);
       continue;
     }
 
@@ -505,7 +519,8 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
         ran || !delayed.empty() ? os_->MonotonicNanos() + idle_spin_ns_ : 0;
     bool work = false;
     while (os_->MonotonicNanos() < spin_until) {
-      if (q.submits.load(std::memory_order_acquire) != seen) {
+      if (q.submits.load(std::memory_order_acquire) != seen ||
+          q.runs_ended.load(std::memory_order_acquire) != seen_ends) {
         work = true;
         break;
       }
@@ -520,7 +535,7 @@ void SimDevice::EngineLoop(Queue& q, int engine) {
     if (work) continue;
 
     MutexLock lock(&q.mu);
-    if (q.head != q.tail || q.shutdown ||
+    if ((q.head != q.tail && q.running < info_.dma_engines) || q.shutdown ||
         (!delayed.empty() && q.hurry.load(std::memory_order_relaxed))) {
       continue;
     }
@@ -557,23 +572,37 @@ bool SimDevice::Poll(DmaDirection direction, uint64_t max_length) {
   int64_t start_ns;
   {
     MutexLock lock(&q.mu);
-    if (q.shutdown || q.head == q.tail) return false;
+    if (q.shutdown || q.head == q.tail || q.running >= info_.dma_engines) {
+      return false;
+    }
     const DmaDescriptor& next = q.ring[q.head & q.mask];
     if (next.length > max_length) return false;
     d = next;
     ++q.head;
     q.waiting.fetch_sub(1, std::memory_order_relaxed);
+    ++q.running;
     ++q.polling;
     start_ns = os_->MonotonicNanos();
   }
   DmaCompletion c =
       Run(d, start_ns, /*cancel=*/false, /*modelled=*/false, start_ns);
   Deliver(q, {&c, 1});
-  // Signalled under the lock: once Shutdown sees 0 it may return and the
-  // device go, so nothing here touches `q` after the unlock.
-  MutexLock lock(&q.mu);
-  if (--q.polling == 0 && q.shutdown) q.cv.SignalAll();
+  EndRun(q, /*polled=*/true);
   return true;
+}
+
+void SimDevice::EndRun(Queue& q, bool polled) {
+  // Signalled under the lock: once Shutdown sees no poll left it may
+  // return and the device go, so nothing here touches `q` after the
+  // unlock.
+  MutexLock lock(&q.mu);
+  --q.running;
+  if (polled) --q.polling;
+  q.runs_ended.fetch_add(1, std::memory_order_release);
+  if ((q.sleeping > 0 && q.head != q.tail) ||
+      (polled && q.polling == 0 && q.shutdown)) {
+    q.cv.SignalAll();
+  }
 }
 
 void SimDevice::StopModelledDelays() {
