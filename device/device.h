@@ -20,8 +20,8 @@
 // its own threads ("DMA threads"), or on the thread that called Poll(),
 // holding none of its locks, so the sink may call Submit() again from
 // inside. Descriptors of one queue start in ring order; with several DMA
-// engines per direction, or a Poll() beside them, they may complete out of
-// order.
+// engines per direction they may complete out of order (a Poll() runs one
+// only in an idle engine's place, so it changes nothing there).
 //
 // Thread-safety: every method is thread-safe. Shutdown() must not race with
 // itself; after it returns, nothing calls the sink any more.
@@ -226,8 +226,9 @@ class Device {
   virtual uint32_t InFlight(DmaDirection direction) const = 0;
 
   // Runs the next descriptor of `direction`'s ring on the calling thread,
-  // if one waits there and is at most `max_length` bytes, and delivers its
-  // completion on this thread too; returns whether it ran one. For a
+  // if one waits there, is at most `max_length` bytes and an engine is
+  // idle (the poll takes its place), and delivers its completion on this
+  // thread too; returns whether it ran one. For a
   // thread about to wait for a small transfer: where a device's engines
   // are threads that may be asleep, waking one costs more than the copy
   // (on a virtual machine, tens of microseconds a wake-up). Returns false
