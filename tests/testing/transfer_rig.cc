@@ -8,6 +8,7 @@
 #include "common/status_macros.h"
 #include "device/devices.h"
 #include "env/options.h"
+#include "tests/testing/forwarding_device.h"
 
 namespace tpushim::testutil {
 namespace {
@@ -15,15 +16,15 @@ namespace {
 // A device that states a host alignment and counts the descriptors that
 // break it (the device under it moves them anyway, so a test sees both the
 // data and the count), and counts descriptors by direction and hint.
-class AlignedDevice : public Device {
+class AlignedDevice : public ForwardingDevice {
  public:
   AlignedDevice(std::unique_ptr<Device> device, uint32_t alignment,
                 uint32_t block_bytes,
                 std::shared_ptr<std::atomic<uint64_t>> misaligned,
                 std::shared_ptr<std::mutex> counts_mu,
                 std::shared_ptr<TransferRig::DescriptorCounts> counts)
-      : device_(std::move(device)),
-        info_(device_->info()),
+      : ForwardingDevice(std::move(device)),
+        info_(inner().info()),
         misaligned_(std::move(misaligned)),
         counts_mu_(std::move(counts_mu)),
         counts_(std::move(counts)) {
@@ -34,22 +35,10 @@ class AlignedDevice : public Device {
   void SetWindowAlignment(uint32_t alignment) {
     info_.window_alignment = alignment;
   }
-  void SetCompletionSink(DmaCompletionSink* sink) override {
-    device_->SetCompletionSink(sink);
-  }
-  absl::StatusOr<uint64_t> AllocateMemory(uint64_t size) override {
-    return device_->AllocateMemory(size);
-  }
-  absl::Status FreeMemory(uint64_t device_address) override {
-    return device_->FreeMemory(device_address);
-  }
-  uint64_t MemoryInUse() const override { return device_->MemoryInUse(); }
-  DeviceMemoryStats GetMemoryStats() const override {
-    return device_->GetMemoryStats();
-  }
   absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
                                                   uint64_t length) override {
-    absl::StatusOr<HostWindowId> id = device_->RegisterHostWindow(base, length);
+    absl::StatusOr<HostWindowId> id =
+        ForwardingDevice::RegisterHostWindow(base, length);
     if (id.ok()) {
       std::lock_guard<std::mutex> lock(mu_);
       bases_[*id] = reinterpret_cast<uintptr_t>(base);
@@ -57,13 +46,21 @@ class AlignedDevice : public Device {
     }
     return id;
   }
+  // Registered whole, so that Windows() and the alignment count see it.
+  absl::StatusOr<HostWindowId> ReserveHostWindow(const void* base,
+                                                 uint64_t length) override {
+    return RegisterHostWindow(base, length);
+  }
+  absl::Status ExtendHostWindow(HostWindowId, uint64_t) override {
+    return absl::OkStatus();
+  }
   absl::Status UnregisterHostWindow(HostWindowId window) override {
     {
       std::lock_guard<std::mutex> lock(mu_);
       bases_.erase(window);
       lengths_.erase(window);
     }
-    return device_->UnregisterHostWindow(window);
+    return ForwardingDevice::UnregisterHostWindow(window);
   }
   size_t Submit(DmaDirection direction,
                 absl::Span<const DmaDescriptor> descriptors) override {
@@ -85,15 +82,8 @@ class AlignedDevice : public Device {
         }
       }
     }
-    return device_->Submit(direction, descriptors);
+    return ForwardingDevice::Submit(direction, descriptors);
   }
-  uint32_t InFlight(DmaDirection direction) const override {
-    return device_->InFlight(direction);
-  }
-  bool Poll(DmaDirection direction, uint64_t max_length) override {
-    return device_->Poll(direction, max_length);
-  }
-  void Shutdown() override { device_->Shutdown(); }
 
   std::vector<std::pair<const void*, uint64_t>> Windows() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -105,7 +95,6 @@ class AlignedDevice : public Device {
   }
 
  private:
-  std::unique_ptr<Device> device_;
   DeviceInfo info_;
   std::shared_ptr<std::atomic<uint64_t>> misaligned_;
   std::shared_ptr<std::mutex> counts_mu_;

@@ -29,6 +29,7 @@
 #include "absl/time/time.h"
 #include "device/device.h"
 #include "gtest/gtest.h"
+#include "tests/testing/forwarding_device.h"
 #include "tests/testing/transfer_rig.h"
 #include "transfer/engine.h"
 #include "transfer/transfer_engine.h"
@@ -49,10 +50,10 @@ bool OnDmaThread() {
 // Forwards everything to the device under it; while held, a completion
 // that one of the device's DMA threads delivers waits inside the sink
 // until released (one a poll delivers, on its caller's thread, passes).
-class HoldingDevice : public Device, public DmaCompletionSink {
+class HoldingDevice : public testutil::ForwardingDevice,
+                      public DmaCompletionSink {
  public:
-  explicit HoldingDevice(std::unique_ptr<Device> device)
-      : device_(std::move(device)) {}
+  using ForwardingDevice::ForwardingDevice;
 
   void Hold() {
     std::lock_guard<std::mutex> lock(mu_);
@@ -71,14 +72,14 @@ class HoldingDevice : public Device, public DmaCompletionSink {
     }
     cv_.notify_all();
   }
-
   // Completions delivered on threads that are not the device's.
   uint64_t polled() const { return polled_.load(); }
 
   void OnDmaComplete(DmaDirection direction,
                      absl::Span<const DmaCompletion> completions) override {
-    if (!OnDmaThread()) polled_ += completions.size();
-    if (OnDmaThread()) {
+    if (!OnDmaThread()) {
+      polled_ += completions.size();
+    } else {
       std::unique_lock<std::mutex> lock(mu_);
       if (holding_) {
         ++held_;
@@ -90,53 +91,16 @@ class HoldingDevice : public Device, public DmaCompletionSink {
     sink_.load()->OnDmaComplete(direction, completions);
   }
 
-  const DeviceInfo& info() const override { return device_->info(); }
   void SetCompletionSink(DmaCompletionSink* sink) override {
     sink_.store(sink);
-    device_->SetCompletionSink(sink == nullptr ? nullptr : this);
+    ForwardingDevice::SetCompletionSink(sink == nullptr ? nullptr : this);
   }
-  absl::StatusOr<uint64_t> AllocateMemory(uint64_t size) override {
-    return device_->AllocateMemory(size);
-  }
-  absl::Status FreeMemory(uint64_t device_address) override {
-    return device_->FreeMemory(device_address);
-  }
-  uint64_t MemoryInUse() const override { return device_->MemoryInUse(); }
-  DeviceMemoryStats GetMemoryStats() const override {
-    return device_->GetMemoryStats();
-  }
-  absl::StatusOr<HostWindowId> RegisterHostWindow(const void* base,
-                                                  uint64_t length) override {
-    return device_->RegisterHostWindow(base, length);
-  }
-  absl::Status UnregisterHostWindow(HostWindowId window) override {
-    return device_->UnregisterHostWindow(window);
-  }
-  absl::StatusOr<HostWindowId> ReserveHostWindow(const void* base,
-                                                 uint64_t length) override {
-    return device_->ReserveHostWindow(base, length);
-  }
-  absl::Status ExtendHostWindow(HostWindowId window, uint64_t usable) override {
-    return device_->ExtendHostWindow(window, usable);
-  }
-  size_t Submit(DmaDirection direction,
-                absl::Span<const DmaDescriptor> descriptors) override {
-    return device_->Submit(direction, descriptors);
-  }
-  uint32_t InFlight(DmaDirection direction) const override {
-    return device_->InFlight(direction);
-  }
-  bool Poll(DmaDirection direction, uint64_t max_length) override {
-    return device_->Poll(direction, max_length);
-  }
-  void StopModelledDelays() override { device_->StopModelledDelays(); }
   void Shutdown() override {
     Release();
-    device_->Shutdown();
+    ForwardingDevice::Shutdown();
   }
 
  private:
-  const std::unique_ptr<Device> device_;
   std::atomic<DmaCompletionSink*> sink_{nullptr};
   std::atomic<uint64_t> polled_{0};
   std::mutex mu_;
