@@ -32,6 +32,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/btree_map.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -44,6 +45,7 @@
 #include "env/os.h"
 #include "tpushim/transfer.h"
 #include "transfer/bounce_pool.h"
+#include "transfer/buffer_order.h"
 #include "transfer/event.h"
 #include "transfer/host_worker.h"
 #include "transfer/memory_profile.h"
@@ -97,22 +99,32 @@ struct Allocation {
   int dealloc_waiting ABSL_GUARDED_BY(mu) = 0;
   std::shared_ptr<EventState> dealloc_event ABSL_GUARDED_BY(mu);
   absl::Status dealloc_error ABSL_GUARDED_BY(mu);
-  // Readiness: the events of the writes issued to the buffer and not yet
-  // ready (host→device and device→device operations, an open chunked
-  // transfer), and the first write that failed (it stays: the buffer's
-  // bytes are not what was written).
-  std::vector<std::shared_ptr<EventState>> writes ABSL_GUARDED_BY(mu);
-  absl::Status write_error ABSL_GUARDED_BY(mu);
+  // The order of the operations on the buffer (transfer/buffer_order.h):
+  // every transfer takes its place here in the same critical section in
+  // which it is queued (Engine::Submit), a chunked transfer at
+  // BeginChunkedTransfer. Its unfinished writes, and the first that
+  // failed, are the buffer's readiness.
+  BufferOrder order ABSL_GUARDED_BY(mu);
   // A chunked transfer: none yet, open (its last chunk not given), or
   // closed by its last chunk (later chunks are refused).
   enum class Chunked : uint8_t { kNone, kOpen, kClosed };
   Chunked chunked ABSL_GUARDED_BY(mu) = Chunked::kNone;
   // Chunks submitted and not finished, the first failure among them, and
   // the event that resolves once the last chunk and all before it have
-  // (a CallerEventHub event: shutdown fails it).
+  // (a CallerEventHub event: shutdown fails it; an abort fails it at once).
   uint64_t chunks_running ABSL_GUARDED_BY(mu) = 0;
   absl::Status chunk_error ABSL_GUARDED_BY(mu);
   std::shared_ptr<EventState> chunked_done ABSL_GUARDED_BY(mu);
+  // The chunked transfer's place in `order`: it is one write of the whole
+  // buffer, issued at BeginChunkedTransfer. `chunked_end` resolves once
+  // no chunk can run any more (closed, by its last chunk, an abort or a
+  // deallocation, and every chunk given finished): what later operations
+  // on the buffer wait for. Its chunks wait for `chunked_after` (what the
+  // transfer waited for when it began) and for the earlier chunks they
+  // overlap (`chunk_order`), never for the transfer itself.
+  std::shared_ptr<EventState> chunked_end ABSL_GUARDED_BY(mu);
+  std::vector<BufferOrder::Wait> chunked_after ABSL_GUARDED_BY(mu);
+  BufferOrder chunk_order ABSL_GUARDED_BY(mu);
   // The byte ranges of the device buffer the open (or last) chunked
   // transfer's chunks were given for, merged and sorted, and how many
   // chunks: what an abandoned transfer's error names as still missing.
@@ -284,9 +296,12 @@ struct Op {
   int64_t start_ns = 0;        // 0 until started
   uint64_t staging_chunk = 0;  // staged: bytes per staging buffer
 
-  // Dependencies: unresolved wait_for events, plus one held by Submit.
+  // A chunk of the buffer's chunked transfer (TransferChunk): it takes
+  // its place in the buffer's order through the chunked transfer's.
+  bool chunk = false;
+  // Dependencies: unresolved wait_for events and earlier operations on the
+  // buffers it touches (their order), plus one held by Submit.
   std::atomic<int> deps_pending{1};
-  std::atomic<bool> deps_ready{false};
 
   // Chunks not yet completed (and pinned pieces not yet released), plus
   // one held by the starter.
@@ -443,7 +458,13 @@ class Engine {
 
     Mutex mu;
     CondVar cv;
-    std::deque<std::shared_ptr<Op>> pending ABSL_GUARDED_BY(mu);
+    // Operations not started, by submission order (Op::id): those still
+    // waiting for dependencies, and those whose dependencies are resolved,
+    // which start lowest id first. A waiting one never holds up the ready.
+    absl::btree_map<uint64_t, std::shared_ptr<Op>> waiting ABSL_GUARDED_BY(mu);
+    absl::btree_map<uint64_t, std::shared_ptr<Op>> ready ABSL_GUARDED_BY(mu);
+    // An operation is being started (by the worker, or inline): one at a
+    // time, so that starts follow the order above.
     bool starting ABSL_GUARDED_BY(mu) = false;
     bool stop ABSL_GUARDED_BY(mu) = false;
     std::thread worker;
@@ -481,10 +502,17 @@ class Engine {
       const DeviceBuffer& buffer, uint64_t offset, uint64_t size,
       absl::string_view what);
   void ReleaseBufferUse(const std::shared_ptr<Allocation>& a);
-  // Counts `event` among the writes to `a` until it is ready (and its
-  // failure as the buffer's, when it fails).
-  static void TrackWrite(const std::shared_ptr<Allocation>& a,
-                         const std::shared_ptr<EventState>& event);
+  // Takes `op`'s place in the order of the buffers it touches, and appends
+  // to `after` what it must wait for there. REQUIRES: the buffers' locks.
+  static void PlaceInOrder(Op& op, std::vector<BufferOrder::Wait>* after)
+      ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Records `op` in the order of its buffers (after PlaceInOrder's
+  // conflicts, under the same locks).
+  static void RecordInOrder(Op& op) ABSL_NO_THREAD_SAFETY_ANALYSIS;
+  // Resolves `a`'s chunked_end once its chunked transfer is closed and no
+  // chunk runs. REQUIRES: a.mu; returns the event to resolve (outside it).
+  static std::shared_ptr<EventState> TakeChunkedEnd(Allocation& a)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(a.mu);
   // A chunk of `a`'s chunked transfer finished with `s`.
   void ChunkFinished(const std::shared_ptr<Allocation>& a,
                      const absl::Status& s);
@@ -509,8 +537,21 @@ class Engine {
   // memory for it.
   bool PrepareImage(Op& op);
 
-  void DepDone(const std::shared_ptr<Op>& op);
-  void Kick(Queue& q);
+  // One of `op`'s dependencies is done; the last one makes it ready.
+  // `may_start` lets this thread start it itself when its queue is idle
+  // and starting cannot block: kAny (the submitting thread) whatever its
+  // size, kSmall (a thread that resolved a dependency) only a small one
+  // that pins nothing.
+  enum class MayStart : uint8_t { kNo, kSmall, kAny };
+  void DepDone(const std::shared_ptr<Op>& op, MayStart may_start);
+  // The index of a queue (device, direction): BufferOrder's tag.
+  static int QueueTag(int device, DmaDirection d);
+  // The operation of `q` to start next (null when none may start now).
+  static std::shared_ptr<Op> NextReady(Queue& q)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(q.mu);
+  // Starts `op` (taken from its queue, q.starting set) on this thread;
+  // puts it back for the worker when starting would block.
+  void StartHere(Queue& q, const std::shared_ptr<Op>& op);
   void WorkerLoop(Queue& q);
   // Starts `op`. With `may_block` false, returns false (having done
   // nothing) when starting would have to wait for staging room.

@@ -283,6 +283,10 @@ void Engine::FreeAllocation(const std::shared_ptr<Allocation>& a) {
     MutexLock lock(&a->mu);
     if (a->freed) return;
     a->freed = true;
+    // Every operation on it has finished: its order holds nothing more.
+    a->order.Clear();
+    a->chunk_order.Clear();
+    a->chunked_after.clear();
   }
   // Counted out before the device frees it: an allocation that reuses the
   // memory is counted in only after, so the counts and the memory profile

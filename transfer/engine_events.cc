@@ -75,15 +75,6 @@ std::string MissingBytes(const Allocation& a)
       covered);
 }
 
-// The first failure of several events, once all are ready.
-struct AllOf {
-  explicit AllOf(uint64_t n, absl::Status first)
-      : left(n), first_error(std::move(first)) {}
-  std::atomic<uint64_t> left;
-  Mutex mu;
-  absl::Status first_error ABSL_GUARDED_BY(mu);
-};
-
 }  // namespace
 
 absl::StatusOr<TransferEvents> Engine::SubmitWithRelease(
@@ -101,28 +92,6 @@ absl::StatusOr<CallerEvent> Engine::CreateEvent() {
   return CallerEvent(caller_events_, Event(std::move(state)));
 }
 
-void Engine::TrackWrite(const std::shared_ptr<Allocation>& a,
-                        const std::shared_ptr<EventState>& event) {
-  {
-    MutexLock lock(&a->mu);
-    a->writes.push_back(event);
-  }
-  std::weak_ptr<Allocation> weak = a;
-  EventState* raw = event.get();
-  event->AddContinuation([weak, raw](const absl::Status& s) {
-    std::shared_ptr<Allocation> alloc = weak.lock();
-    if (alloc == nullptr) return;
-    MutexLock lock(&alloc->mu);
-    auto& w = alloc->writes;
-    w.erase(std::remove_if(w.begin(), w.end(),
-                           [raw](const std::shared_ptr<EventState>& e) {
-                             return e.get() == raw;
-                           }),
-            w.end());
-    if (!s.ok() && alloc->write_error.ok()) alloc->write_error = s;
-  });
-}
-
 absl::StatusOr<Event> Engine::BufferReadyEvent(const DeviceBuffer& buffer) {
   TPUSHIM_RETURN_IF_ERROR(CheckOpen());
   TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<Allocation> a,
@@ -131,28 +100,11 @@ absl::StatusOr<Event> Engine::BufferReadyEvent(const DeviceBuffer& buffer) {
   absl::Status failed;
   {
     MutexLock lock(&a->mu);
-    writes = a->writes;
-    failed = a->write_error;
+    writes = a->order.PendingWrites();
+    failed = a->order.failed_write();
   }
   if (writes.empty()) return Event::Ready(std::move(failed));
-  auto ready = std::make_shared<EventState>(&callbacks_, this);
-  auto all = std::make_shared<AllOf>(writes.size(), std::move(failed));
-  for (const std::shared_ptr<EventState>& w : writes) {
-    w->AddContinuation([all, ready](const absl::Status& s) {
-      if (!s.ok()) {
-        MutexLock lock(&all->mu);
-        if (all->first_error.ok()) all->first_error = s;
-      }
-      if (all->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-      absl::Status status;
-      {
-        MutexLock lock(&all->mu);
-        status = all->first_error;
-      }
-      ready->Resolve(std::move(status));
-    });
-  }
-  return Event(std::move(ready));
+  return Event(WhenAll(writes, std::move(failed), &callbacks_, this));
 }
 
 absl::Status Engine::BeginChunkedTransfer(const DeviceBuffer& dst) {
@@ -161,6 +113,8 @@ absl::Status Engine::BeginChunkedTransfer(const DeviceBuffer& dst) {
       std::shared_ptr<Allocation> a,
       LiveAllocation(dst, serial_, "BeginChunkedTransfer"));
   TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<EventState> done,
+                           caller_events_->Create());
+  TPUSHIM_ASSIGN_OR_RETURN(std::shared_ptr<EventState> end,
                            caller_events_->Create());
   {
     MutexLock lock(&a->mu);
@@ -175,10 +129,19 @@ absl::Status Engine::BeginChunkedTransfer(const DeviceBuffer& dst) {
     a->chunks_running = 0;
     a->chunk_error = absl::OkStatus();
     a->chunked_done = done;
+    a->chunked_end = end;
     a->chunk_ranges.clear();
     a->chunks_given = 0;
+    // One write of the whole buffer, in the order from now: what comes
+    // after waits for its chunks, however late they are given; the chunks
+    // wait for what came before.
+    const BufferOrder::Range whole{0, a->size};
+    a->chunked_after.clear();
+    a->order.Conflicts(whole, BufferOrder::Access::kWrite, &a->chunked_after);
+    a->order.Record(whole, BufferOrder::Access::kWrite, end,
+                    QueueTag(a->device, DmaDirection::kHostToDevice), done);
+    a->chunk_order.Clear();
   }
-  TrackWrite(a, done);
   return absl::OkStatus();
 }
 
@@ -217,10 +180,14 @@ absl::StatusOr<TransferEvents> Engine::TransferChunk(
     TPUSHIM_ASSIGN_OR_RETURN(
         std::shared_ptr<Op> op,
         NewHostOp(OpKind::kToDevice, dst, dst_offset, src, size, semantics));
+    op->chunk = true;
     return SubmitWithRelease(std::move(op), wait_for);
   }();
   if (!events.ok()) {
     // Nothing was queued: as if the call had not been made.
+    std::shared_ptr<EventState> done;
+    std::shared_ptr<EventState> end;
+    absl::Status status;
     {
       MutexLock lock(&a->mu);
       --a->chunks_running;
@@ -229,7 +196,16 @@ absl::StatusOr<TransferEvents> Engine::TransferChunk(
           a->chunked_done != nullptr) {
         a->chunked = Allocation::Chunked::kOpen;
       }
+      // Abandoned meanwhile (deallocated): this was the chunk it waited for.
+      if (a->chunks_running == 0 &&
+          a->chunked == Allocation::Chunked::kClosed) {
+        done = std::move(a->chunked_done);
+        status = a->chunk_error;
+        end = TakeChunkedEnd(*a);
+      }
     }
+    if (done != nullptr) (void)caller_events_->Set(*done, std::move(status));
+    if (end != nullptr) (void)caller_events_->Set(*end, absl::OkStatus());
     return events.status();
   }
   {
@@ -241,9 +217,17 @@ absl::StatusOr<TransferEvents> Engine::TransferChunk(
   return events;
 }
 
+std::shared_ptr<EventState> Engine::TakeChunkedEnd(Allocation& a) {
+  if (a.chunked == Allocation::Chunked::kOpen || a.chunks_running > 0) {
+    return nullptr;
+  }
+  return std::move(a.chunked_end);
+}
+
 void Engine::ChunkFinished(const std::shared_ptr<Allocation>& a,
                            const absl::Status& s) {
   std::shared_ptr<EventState> done;
+  std::shared_ptr<EventState> end;
   absl::Status status;
   {
     MutexLock lock(&a->mu);
@@ -252,27 +236,35 @@ void Engine::ChunkFinished(const std::shared_ptr<Allocation>& a,
         a->chunked == Allocation::Chunked::kClosed) {
       done = std::move(a->chunked_done);
       status = a->chunk_error;
+      end = TakeChunkedEnd(*a);
     }
   }
-  // Shutdown may have failed it already (CANCELLED): that stands.
+  // Shutdown may have failed them already (CANCELLED): that stands. The
+  // readiness first, then the order: what waits for the buffer after the
+  // transfer may start.
   if (done != nullptr) (void)caller_events_->Set(*done, std::move(status));
+  if (end != nullptr) (void)caller_events_->Set(*end, absl::OkStatus());
 }
 
 bool Engine::AbandonChunked(Allocation& a, const absl::Status& status) {
   std::shared_ptr<EventState> done;
+  std::shared_ptr<EventState> end;
   absl::Status failed;
   {
     MutexLock lock(&a.mu);
     if (a.chunked != Allocation::Chunked::kOpen) return false;
     a.chunked = Allocation::Chunked::kClosed;
     done = std::move(a.chunked_done);
+    end = TakeChunkedEnd(a);
     failed = absl::Status(
         status.code(), absl::StrCat(status.message(), "; ", MissingBytes(a)));
   }
-  // Chunks still running finish as they would; the transfer's event (and
-  // so the buffer's ready event) fails now. Shutdown may have failed it
-  // already (CANCELLED): that stands.
+  // Chunks still running finish as they would (the last one to finish
+  // ends the transfer's place in the buffer's order); the transfer's
+  // readiness (and so the buffer's ready event) fails now. Shutdown may
+  // have failed them already (CANCELLED): that stands.
   if (done != nullptr) (void)caller_events_->Set(*done, std::move(failed));
+  if (end != nullptr) (void)caller_events_->Set(*end, absl::OkStatus());
   return true;
 }
 

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <atomic>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -237,25 +238,89 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewDeviceToDeviceOp(
   return op;
 }
 
+namespace {
+
+// Starts run by this thread now (StartHere): an operation made ready by a
+// completion inside one is handed to its queue's worker instead of being
+// started here too, so a chain of dependants never grows the stack.
+thread_local int t_starting = 0;
+
+// A thread waiting for a small transfer polls these queues (at most one
+// per direction of a device, and a few devices).
+struct PollTargets {
+  static constexpr int kMax = 4;
+  int tags[kMax];
+  int n = 0;
+  void Add(int tag) {
+    if (tag < 0 || n == kMax) return;
+    for (int i = 0; i < n; ++i) {
+      if (tags[i] == tag) return;
+    }
+    tags[n++] = tag;
+  }
+};
+
+}  // namespace
+
+int Engine::QueueTag(int device, DmaDirection d) {
+  return device * kDmaDirectionCount + static_cast<int>(d);
+}
+
+void Engine::PlaceInOrder(Op& op, std::vector<BufferOrder::Wait>* after) {
+  using Access = BufferOrder::Access;
+  Allocation& a = *op.buffer;
+  const BufferOrder::Range range{op.buffer_offset, op.buffer_offset + op.size};
+  switch (op.kind) {
+    case OpKind::kToDevice:
+      if (op.chunk) {
+        // Part of the chunked transfer, whose place in the order was taken
+        // when it began: what it waited for then, and the chunks before
+        // this one that wrote the same bytes.
+        for (const BufferOrder::Wait& w : a.chunked_after) {
+          if (!w.event->IsReady()) after->push_back(w);
+        }
+        a.chunk_order.Conflicts(range, Access::kWrite, after);
+      } else {
+        a.order.Conflicts(range, Access::kWrite, after);
+      }
+      break;
+    case OpKind::kFromDevice:
+      a.order.Conflicts(range, Access::kRead, after);
+      break;
+    case OpKind::kDeviceToDevice:
+      a.order.Conflicts(range, Access::kRead, after);
+      op.peer->order.Conflicts({op.peer_offset, op.peer_offset + op.size},
+                               Access::kWrite, after);
+      break;
+  }
+}
+
+void Engine::RecordInOrder(Op& op) {
+  using Access = BufferOrder::Access;
+  Allocation& a = *op.buffer;
+  const BufferOrder::Range range{op.buffer_offset, op.buffer_offset + op.size};
+  const int tag = QueueTag(op.device, op.direction);
+  switch (op.kind) {
+    case OpKind::kToDevice:
+      (op.chunk ? a.chunk_order : a.order)
+          .Record(range, Access::kWrite, op.event, tag);
+      break;
+    case OpKind::kFromDevice:
+      a.order.Record(range, Access::kRead, op.event, tag);
+      break;
+    case OpKind::kDeviceToDevice:
+      a.order.Record(range, Access::kRead, op.event, tag);
+      op.peer->order.Record({op.peer_offset, op.peer_offset + op.size},
+                            Access::kWrite, op.event, tag);
+      break;
+  }
+}
+
 absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
                                      absl::Span<const Event> wait_for) {
-  op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
   op->event = std::make_shared<EventState>(&callbacks_, this);
-  // Awaiting a small transfer polls, and runs what waits in its queue
-  // rather than wait for a DMA thread to wake; a large one sleeps at once.
-  // Set before the event can reach another thread (TrackWrite below
-  // hands it to whoever asks for the buffer's readiness).
-  if (op->size > kSpinAwaitMaxBytes) {
-    op->event->set_await_spin_ns(0);
-  } else {
-    op->event->set_poller(
-        [gate = poll_gate_, device = op->device, direction = op->direction] {
-          return gate->Poll(device, direction, kSpinAwaitMaxBytes);
-        });
-  }
-  // A write to a device buffer counts toward its readiness from now.
-  if (op->kind == OpKind::kToDevice) TrackWrite(op->buffer, op->event);
-  if (op->kind == OpKind::kDeviceToDevice) TrackWrite(op->peer, op->event);
+  // Awaiting a large transfer sleeps at once; a small one polls (below).
+  if (op->size > kSpinAwaitMaxBytes) op->event->set_await_spin_ns(0);
   op->submit_ns = os_->MonotonicNanos();
   Queue& q = QueueOf(op->device, op->direction);
   {
@@ -264,15 +329,51 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
   }
   events_not_ready_.fetch_add(1, std::memory_order_acq_rel);
   q.submitted.fetch_add(1, std::memory_order_relaxed);
-  op->deps_pending.store(static_cast<int>(wait_for.size()) + 1,
-                         std::memory_order_relaxed);
-  bool queue_idle;
+
+  // The operation's place in the order of the buffers it touches and in
+  // its queue, taken at once: no event handed out for a buffer (its
+  // readiness, an order another operation waits for) ever covers an
+  // operation that is not queued yet. Two buffers lock in address order.
+  std::vector<BufferOrder::Wait> after;
   bool stopped;
   {
-    MutexLock lock(&q.mu);
-    stopped = q.stop;
-    queue_idle = q.pending.empty() && !q.starting;
-    if (!stopped) q.pending.push_back(op);
+    Allocation* first = op->buffer.get();
+    Allocation* second = op->peer.get();
+    if (second == first) second = nullptr;
+    if (second != nullptr && second < first) std::swap(first, second);
+    MutexLock lock_first(&first->mu);
+    std::optional<MutexLock> lock_second;
+    if (second != nullptr) lock_second.emplace(&second->mu);
+    PlaceInOrder(*op, &after);
+    if (op->size <= kSpinAwaitMaxBytes) {
+      // A waiter runs what waits in the rings of the transfer and of the
+      // earlier operations on its buffers, rather than wait for a DMA
+      // thread to wake. Set before the event can reach another thread
+      // (RecordInOrder below hands it to whoever asks for the buffer).
+      PollTargets targets;
+      targets.Add(QueueTag(op->device, op->direction));
+      for (const BufferOrder::Wait& w : after) targets.Add(w.tag);
+      op->event->set_poller([gate = poll_gate_, targets] {
+        for (int i = 0; i < targets.n; ++i) {
+          const int tag = targets.tags[i];
+          if (gate->Poll(tag / kDmaDirectionCount,
+                         static_cast<DmaDirection>(tag % kDmaDirectionCount),
+                         kSpinAwaitMaxBytes)) {
+            return true;
+          }
+        }
+        return false;
+      });
+    }
+    op->deps_pending.store(static_cast<int>(wait_for.size() + after.size()) + 1,
+                           std::memory_order_relaxed);
+    {
+      MutexLock lock(&q.mu);
+      op->id = next_op_id_.fetch_add(1, std::memory_order_relaxed);
+      stopped = q.stop;
+      if (!stopped) q.waiting.emplace(op->id, op);
+    }
+    if (!stopped) RecordInOrder(*op);
   }
   if (stopped) {
     // Lost the race with Shutdown, which has already emptied the queue.
@@ -284,69 +385,89 @@ absl::StatusOr<Event> Engine::Submit(std::shared_ptr<Op> op,
   for (const Event& e : wait_for) {
     e.state()->AddContinuation([this, op](const absl::Status& s) {
       if (!s.ok()) op->RecordError(s);
-      DepDone(op);
+      DepDone(op, MayStart::kSmall);
     });
   }
-  // Drop Submit's hold on the dependencies. When they are all ready and the
-  // queue was idle, start here, on the caller's thread, if that cannot
+  // The buffers' order waits for the earlier operations to end, not for
+  // their success: a failed write does not fail the reads after it.
+  for (const BufferOrder::Wait& w : after) {
+    w.event->AddContinuation(
+        [this, op](const absl::Status&) { DepDone(op, MayStart::kSmall); });
+  }
+  // Drop Submit's hold on the dependencies. When they are all done and the
+  // queue is idle, start here, on the caller's thread, if that cannot
   // block: no thread hop for the common small transfer.
   Event event(op->event);
-  if (op->deps_pending.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-    op->deps_ready.store(true, std::memory_order_release);
-    bool inline_start = false;
-    if (queue_idle && InlineStartable(*op)) {
-      MutexLock lock(&q.mu);
-      if (!q.starting && !q.pending.empty() && q.pending.front() == op) {
-        q.pending.pop_front();
-        q.starting = true;
-        inline_start = true;
-      }
-    }
-    if (inline_start) {
-      const bool started = StartOp(op, /*may_block=*/false);
-      bool wake;
-      bool cancel = false;
-      {
-        MutexLock lock(&q.mu);
-        if (!started) {
-          if (q.stop) {
-            cancel = true;
-          } else {
-            q.pending.push_front(op);
-          }
-        }
-        q.starting = false;
-        wake = !q.pending.empty() &&
-               q.pending.front()->deps_ready.load(std::memory_order_acquire);
-      }
-      if (cancel) {
-        CancelUnstarted(
-            op, absl::CancelledError("the transfer engine shut down before the "
-                                     "transfer started"));
-      }
-      if (wake) q.cv.Signal();
-    } else {
-      Kick(q);
-    }
-  }
+  DepDone(op, MayStart::kAny);
   if (op->semantics == HostBufferSemantics::kImmutableOnlyDuringCall) {
     op->host_released.WaitForNotification();
   }
   return event;
 }
 
-void Engine::DepDone(const std::shared_ptr<Op>& op) {
+void Engine::DepDone(const std::shared_ptr<Op>& op, MayStart may_start) {
   if (op->deps_pending.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-  op->deps_ready.store(true, std::memory_order_release);
-  Kick(QueueOf(op->device, op->direction));
-}
-
-void Engine::Kick(Queue& q) {
-  bool wake;
+  Queue& q = QueueOf(op->device, op->direction);
+  // Started here only what cannot block, and not inside another start on
+  // this thread. A dependency resolved on another thread (a DMA thread, a
+  // waiter's poll, a caller setting its event) starts only small
+  // operations that pin nothing: the rest is the worker's, off that thread.
+  const bool here =
+      may_start != MayStart::kNo && t_starting == 0 && InlineStartable(*op) &&
+      (may_start == MayStart::kAny || (op->size <= kSpinAwaitMaxBytes &&
+                                       (op->kind == OpKind::kDeviceToDevice ||
+                                        op->path != TransferPath::kPinned)));
+  bool start = false;
+  bool wake = false;
   {
     MutexLock lock(&q.mu);
-    wake = !q.starting && !q.pending.empty() &&
-           q.pending.front()->deps_ready.load(std::memory_order_acquire);
+    auto it = q.waiting.find(op->id);
+    if (it == q.waiting.end()) return;  // cancelled by Shutdown
+    q.waiting.erase(it);
+    q.ready.emplace(op->id, op);
+    if (here && NextReady(q) == op) {
+      q.ready.erase(op->id);
+      q.starting = true;
+      start = true;
+    } else {
+      wake = !q.starting;
+    }
+  }
+  if (start) {
+    StartHere(q, op);
+  } else if (wake) {
+    q.cv.Signal();
+  }
+}
+
+std::shared_ptr<Op> Engine::NextReady(Queue& q) {
+  if (q.starting || q.ready.empty()) return nullptr;
+  // The first of the ready ones in submission order; one still waiting
+  // for its dependencies holds none of them up.
+  return q.ready.begin()->second;
+}
+
+void Engine::StartHere(Queue& q, const std::shared_ptr<Op>& op) {
+  ++t_starting;
+  const bool started = StartOp(op, /*may_block=*/false);
+  --t_starting;
+  bool wake;
+  bool cancel = false;
+  {
+    MutexLock lock(&q.mu);
+    if (!started) {
+      if (q.stop) {
+        cancel = true;
+      } else {
+        q.ready.emplace(op->id, op);
+      }
+    }
+    q.starting = false;
+    wake = !q.ready.empty();
+  }
+  if (cancel) {
+    CancelUnstarted(op, absl::CancelledError("the transfer engine shut down "
+                                             "before the transfer started"));
   }
   if (wake) q.cv.Signal();
 }
@@ -354,14 +475,10 @@ void Engine::Kick(Queue& q) {
 void Engine::WorkerLoop(Queue& q) {
   MutexLock lock(&q.mu);
   for (;;) {
-    while (!q.stop &&
-           (q.starting || q.pending.empty() ||
-            !q.pending.front()->deps_ready.load(std::memory_order_acquire))) {
-      q.cv.Wait(&q.mu);
-    }
+    while (!q.stop && NextReady(q) == nullptr) q.cv.Wait(&q.mu);
     if (q.stop) return;
-    std::shared_ptr<Op> op = std::move(q.pending.front());
-    q.pending.pop_front();
+    std::shared_ptr<Op> op = NextReady(q);
+    q.ready.erase(op->id);
     q.starting = true;
     q.mu.Unlock();
     StartOp(op, /*may_block=*/true);

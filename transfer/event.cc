@@ -227,6 +227,47 @@ void EventState::AddContinuation(
   std::move(fn)(status_);
 }
 
+std::shared_ptr<EventState> WhenAll(
+    const std::vector<std::shared_ptr<EventState>>& events,
+    absl::Status first_error, CallbackExecutor* executor, const void* owner) {
+  auto all = std::make_shared<EventState>(executor, owner);
+  if (events.empty()) {
+    all->Resolve(std::move(first_error));
+    return all;
+  }
+  struct Join {
+    Join(size_t n, absl::Status error) : left(n), first(std::move(error)) {}
+    std::atomic<size_t> left;
+    Mutex mu;
+    absl::Status first ABSL_GUARDED_BY(mu);
+  };
+  auto join = std::make_shared<Join>(events.size(), std::move(first_error));
+  for (const std::shared_ptr<EventState>& e : events) {
+    e->AddContinuation([join, all](const absl::Status& s) {
+      if (!s.ok()) {
+        MutexLock lock(&join->mu);
+        if (join->first.ok()) join->first = s;
+      }
+      if (join->left.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+      absl::Status status;
+      {
+        MutexLock lock(&join->mu);
+        status = join->first;
+      }
+      all->Resolve(std::move(status));
+    });
+  }
+  return all;
+}
+
+std::shared_ptr<EventState> EndOf(const std::shared_ptr<EventState>& event) {
+  if (event->IsReady() && event->status().ok()) return event;
+  auto end = std::make_shared<EventState>(nullptr, event->owner());
+  event->AddContinuation(
+      [end](const absl::Status&) { end->Resolve(absl::OkStatus()); });
+  return end;
+}
+
 absl::StatusOr<std::shared_ptr<EventState>> CallerEventHub::Create() {
   auto state = std::make_shared<EventState>(executor_, owner_);
   MutexLock lock(&mu_);

@@ -140,6 +140,19 @@ class EventState {
       ABSL_GUARDED_BY(mu_);
 };
 
+// An event ready once every one of `events` is, with the first failure
+// among them (or `first_error` when that is not OK, whatever they do).
+// Ready at once when `events` is empty. Its callbacks run on `executor`;
+// `owner` as for EventState.
+std::shared_ptr<EventState> WhenAll(
+    const std::vector<std::shared_ptr<EventState>>& events,
+    absl::Status first_error, CallbackExecutor* executor, const void* owner);
+
+// An event ready with OK once `event` is ready, whatever its status: what
+// waits for an operation's end without taking on its failure (the order of
+// one buffer's operations). `event` itself when it is ready with OK.
+std::shared_ptr<EventState> EndOf(const std::shared_ptr<EventState>& event);
+
 // The events of one engine that callers set (CallerEvent): it makes them,
 // sets them, and at shutdown fails every one not yet set, so that nothing
 // waits for them forever and no callback is posted to an executor that is

@@ -6,6 +6,7 @@
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
@@ -208,12 +209,20 @@ void Engine::Shutdown() {
   staging_cv_.SignalAll();
   // Cancel what has not started; stop the workers.
   for (auto& q : queues_) {
-    std::deque<std::shared_ptr<Op>> pending;
+    std::vector<std::shared_ptr<Op>> pending;
     {
       MutexLock lock(&q->mu);
       q->stop = true;
-      pending.swap(q->pending);
+      for (auto* ops : {&q->waiting, &q->ready}) {
+        for (auto& [id, op] : *ops) pending.push_back(std::move(op));
+        ops->clear();
+      }
     }
+    // In submission order, whether waiting or ready.
+    std::sort(pending.begin(), pending.end(),
+              [](const std::shared_ptr<Op>& a, const std::shared_ptr<Op>& b) {
+                return a->id < b->id;
+              });
     q->cv.SignalAll();
     for (const std::shared_ptr<Op>& op : pending) {
       CancelUnstarted(
@@ -367,7 +376,7 @@ TransferEngine::Stats Engine::GetStats() const {
     qs.in_flight = q->in_flight.load(std::memory_order_relaxed);
     {
       MutexLock lock(&q->mu);
-      qs.pending = q->pending.size();
+      qs.pending = q->waiting.size() + q->ready.size();
     }
     s.queues.push_back(qs);
   }

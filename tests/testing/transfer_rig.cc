@@ -139,9 +139,13 @@ absl::StatusOr<std::unique_ptr<TransferRig>> TransferRig::Create(
   TPUSHIM_ASSIGN_OR_RETURN(
       rig->region_,
       PremappedRegion::Create(options, rig->os_.get(), rig->faults_.get()));
-  TPUSHIM_ASSIGN_OR_RETURN(
-      rig->devices_,
-      OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
+  if (params.open_devices) {
+    TPUSHIM_ASSIGN_OR_RETURN(rig->devices_, params.open_devices());
+  } else {
+    TPUSHIM_ASSIGN_OR_RETURN(
+        rig->devices_,
+        OpenDevices(options.device.value, rig->os_.get(), rig->faults_.get()));
+  }
   if (params.host_alignment > 1 || params.block_bytes > 1 ||
       params.window_alignment > 1 || params.count_descriptors) {
     for (auto& d : rig->devices_) {

@@ -59,6 +59,11 @@ class TransferRig {
     // The test's own wrapper of each device (after the ones above).
     std::function<std::unique_ptr<Device>(std::unique_ptr<Device>)>
         wrap_device{};
+    // Opens the devices instead of `device_url` (which still sets the
+    // options): e.g. NVMe devices over a fake controller, whose OS layer
+    // the test owns and keeps alive until the rig is gone.
+    std::function<absl::StatusOr<std::vector<std::unique_ptr<Device>>>()>
+        open_devices{};
     TransferEngine::Config engine{};
     // TPUSHIM_MEMORY_PROFILE: opened for the devices before the engine
     // starts, as System::Create does; "" = none.
