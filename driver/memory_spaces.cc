@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "common/status_macros.h"
@@ -617,8 +618,16 @@ absl::StatusOr<Event> MemorySpaces::ReadyEvent(const MemoryBuffer& buffer) {
   if (s->kind == MemoryKind::kDevice) {
     return system_->BufferReadyEvent(s->device);
   }
-  MutexLock lock(&s->mu);
-  return s->ready;
+  std::vector<std::shared_ptr<transfer_internal::EventState>> writes;
+  absl::Status failed;
+  {
+    MutexLock lock(&s->order_mu);
+    writes = s->order.PendingWrites();
+    failed = s->order.failed_write();
+  }
+  if (writes.empty()) return Event::Ready(std::move(failed));
+  return Event(transfer_internal::WhenAll(writes, std::move(failed),
+                                          executor_.get(), nullptr));
 }
 
 absl::StatusOr<Event> MemorySpaces::AfterAll(absl::Span<const Event> wait_for,
@@ -695,53 +704,84 @@ absl::StatusOr<MemoryCopy> MemorySpaces::CopyToMemory(
   }
   // The bytes both hold (a device may round a buffer up to its block).
   const uint64_t n = std::min(s->size, d->size);
+  using transfer_internal::BufferOrder;
+  // The copy, waiting for `waits`; its event is ready once both sides'
+  // host bytes are let go of (below).
+  auto submit = [&](absl::Span<const Event> waits) -> absl::StatusOr<Event> {
+    absl::StatusOr<Event> event;
+    if (s->kind == MemoryKind::kDevice && d->kind == MemoryKind::kDevice) {
+      event =
+          system_->TransferDeviceToDevice(s->device, 0, d->device, 0, n, waits);
+    } else if (s->kind == MemoryKind::kDevice) {
+      // Straight into the destination's bytes: in pinned_host that is the
+      // region, which the device DMAs directly.
+      event = system_->TransferFromDevice(
+          s->device, 0, d->data, n, waits,
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+    } else if (d->kind == MemoryKind::kDevice) {
+      event = system_->TransferToDevice(
+          s->data, d->device, 0, n, waits,
+          HostBufferSemantics::kImmutableUntilTransferCompletes);
+    } else {
+      char* const to = d->data;
+      const char* const from = s->data;
+      event = AfterAll(waits, [to, from, n] {
+        std::memmove(to, from, n);
+        return absl::OkStatus();
+      });
+    }
+    if (!event.ok()) return event;
+    // Both sides' host bytes live until the copy is done, whatever Free
+    // does. The caller's event is ready only once those holds are gone: a
+    // caller that awaits the copy and then frees either buffer gets its
+    // bytes back at once (the transfer's own event wakes its waiters before
+    // its continuations run, so it cannot promise that).
+    if (src_storage != nullptr || dst_storage != nullptr) {
+      auto released =
+          std::make_shared<transfer_internal::EventState>(executor_.get());
+      event->state()->AddContinuation(
+          [src_storage = std::move(src_storage),
+           dst_storage = std::move(dst_storage),
+           released](const absl::Status& status) mutable {
+            src_storage.reset();
+            dst_storage.reset();
+            released->Resolve(status);
+          });
+      *event = Event(std::move(released));
+    }
+    return event;
+  };
   absl::StatusOr<Event> event;
-  if (s->kind == MemoryKind::kDevice && d->kind == MemoryKind::kDevice) {
-    event = system_->TransferDeviceToDevice(s->device, 0, d->device, 0, n,
-                                            wait_for);
-  } else if (s->kind == MemoryKind::kDevice) {
-    // Straight into the destination's bytes: in pinned_host that is the
-    // region, which the device DMAs directly.
-    event = system_->TransferFromDevice(
-        s->device, 0, d->data, n, wait_for,
-        HostBufferSemantics::kImmutableUntilTransferCompletes);
-  } else if (d->kind == MemoryKind::kDevice) {
-    event = system_->TransferToDevice(
-        s->data, d->device, 0, n, wait_for,
-        HostBufferSemantics::kImmutableUntilTransferCompletes);
+  if (s->kind == MemoryKind::kDevice) {
+    // A device source is the engine's to order.
+    event = submit(wait_for);
   } else {
-    char* const to = d->data;
-    const char* const from = s->data;
-    event = AfterAll(wait_for, [to, from, n] {
-      std::memmove(to, from, n);
-      return absl::OkStatus();
-    });
+    // A host source is read in its order: the copy waits for the writes
+    // issued to it before (their end, not their success: the source's
+    // ready event carries a failure), and takes its place as a read in
+    // the same critical section in which it is submitted.
+    MutexLock lock(&s->order_mu);
+    std::vector<BufferOrder::Wait> after;
+    s->order.Conflicts({0, s->size}, BufferOrder::Access::kRead, &after);
+    std::vector<Event> waits(wait_for.begin(), wait_for.end());
+    for (const BufferOrder::Wait& w : after) {
+      waits.push_back(Event(transfer_internal::EndOf(w.event)));
+    }
+    event = submit(waits);
+    if (event.ok()) {
+      s->order.Record({0, s->size}, BufferOrder::Access::kRead, event->state(),
+                      /*tag=*/-1);
+    }
   }
   if (!event.ok()) {
     (void)Free(*dst, {});
     return event.status();
   }
-  // Both sides' host bytes live until the copy is done, whatever Free does.
-  // The caller's event is ready only once those holds are gone: a caller
-  // that awaits the copy and then frees either buffer gets its bytes back
-  // at once (the transfer's own event wakes its waiters before its
-  // continuations run, so it cannot promise that).
-  if (src_storage != nullptr || dst_storage != nullptr) {
-    auto released =
-        std::make_shared<transfer_internal::EventState>(executor_.get());
-    event->state()->AddContinuation(
-        [src_storage = std::move(src_storage),
-         dst_storage = std::move(dst_storage),
-         released](const absl::Status& status) mutable {
-          src_storage.reset();
-          dst_storage.reset();
-          released->Resolve(status);
-        });
-    *event = Event(std::move(released));
-  }
   if (d->kind != MemoryKind::kDevice) {
-    MutexLock lock(&d->mu);
-    d->ready = *event;
+    // The copy is the write that fills the new buffer: its readiness.
+    MutexLock lock(&d->order_mu);
+    d->order.Record({0, d->size}, BufferOrder::Access::kWrite, event->state(),
+                    /*tag=*/-1);
   }
   Event done = *event;
   return MemoryCopy{*std::move(dst), std::move(done), *std::move(event)};

@@ -30,6 +30,7 @@
 #include "common/mutex.h"
 #include "tpushim/memory.h"
 #include "tpushim/system.h"
+#include "transfer/buffer_order.h"
 #include "transfer/event.h"
 #include "transfer/transfer_engine.h"
 
@@ -85,9 +86,13 @@ struct BufferState {
   Mutex mu;
   std::shared_ptr<HostStorage> storage ABSL_GUARDED_BY(mu);  // null: aliased
   bool freed ABSL_GUARDED_BY(mu) = false;
-  // Host kinds: the write that filled the buffer (the copy that made it;
-  // ready at once for one allocated or made from host bytes).
-  Event ready ABSL_GUARDED_BY(mu);
+  // Host kinds: the order of the operations on the buffer's bytes (the
+  // copy that filled it, the copies that read it; see
+  // transfer/buffer_order.h), each placed in the same critical section in
+  // which it is submitted. Its unfinished writes, and the first that
+  // failed, are the buffer's readiness. No continuation takes order_mu.
+  Mutex order_mu;
+  transfer_internal::BufferOrder order ABSL_GUARDED_BY(order_mu);
 };
 
 }  // namespace memory_internal
@@ -127,8 +132,8 @@ class MemorySpaces {
   absl::StatusOr<MemoryCopy> Create(const void* data, int memory,
                                     const DeviceBufferSpec& spec,
                                     HostBufferSemantics semantics);
-  // A host buffer's ready event (the write that filled it); device
-  // memory: the engine's BufferReadyEvent.
+  // A host buffer's ready event (the writes issued to it: the copy that
+  // filled it); device memory: the engine's BufferReadyEvent.
   absl::StatusOr<Event> ReadyEvent(const MemoryBuffer& buffer);
   absl::StatusOr<MemoryCopy> CopyToMemory(const MemoryBuffer& src, int memory,
                                           absl::Span<const Event> wait_for);

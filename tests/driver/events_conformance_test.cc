@@ -6,6 +6,7 @@
 // event, and caller events in wait_for lists and callbacks.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -236,6 +237,71 @@ TEST_F(EventsCApiTest, ACallerEventGatesATransferAndIsSetOnce) {
   EXPECT_THAT(twice.message, HasSubstr("already set"));
   EXPECT_TRUE(Await(gate).ok());  // unchanged
   for (TpuShim_Event e : {gate, t.event, t.host_released}) {
+    EXPECT_TRUE(DestroyEvent(e).ok());
+  }
+}
+
+TEST_F(EventsCApiTest, AReadIssuedRightAfterAWriteReturnsItWithNoEvent) {
+  // Operations on one buffer run in the order issued: the read waits for
+  // the held write before it, which it names nowhere.
+  TpuShim_Event gate = NewEvent();
+  const TpuShim_DeviceBuffer b = Allocate(4 * kKiB);
+  std::vector<char> src(4 * kKiB, 'w');
+  std::vector<char> out(4 * kKiB, 0);
+  TpuShim_Transfer_ToDevice_Args up{};
+  up.struct_size = sizeof up;
+  up.system = system_;
+  up.src = src.data();
+  up.dst = b;
+  up.size = src.size();
+  up.wait_for = &gate;
+  up.num_wait_for = 1;
+  up.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+  ASSERT_TRUE(Take(api_->Transfer_ToDevice(&up)).ok());
+  TpuShim_Transfer_FromDevice_Args down{};
+  down.struct_size = sizeof down;
+  down.system = system_;
+  down.src = b;
+  down.dst = out.data();
+  down.size = out.size();
+  down.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+  ASSERT_TRUE(Take(api_->Transfer_FromDevice(&down)).ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  EXPECT_FALSE(IsReady(down.event)) << "the read ran before the write";
+  ASSERT_TRUE(Set(gate, TPUSHIM_CODE_OK).ok());
+  EXPECT_TRUE(Await(down.event).ok());
+  EXPECT_EQ(out, src);
+  for (TpuShim_Event e : {gate, up.event, up.host_released, down.event}) {
+    EXPECT_TRUE(DestroyEvent(e).ok());
+  }
+}
+
+TEST_F(EventsCApiTest, AWaiterOfAStreamingBufferNeverBlocksItsChunks) {
+  // PJRT's async host-to-device pattern through the C ABI: a transfer into
+  // Y waits for X's ready event, then X's only chunk comes.
+  const TpuShim_DeviceBuffer x = Allocate(4 * kKiB);
+  const TpuShim_DeviceBuffer y = Allocate(4 * kKiB);
+  std::vector<char> src(4 * kKiB, 's');
+  ASSERT_TRUE(Begin(x).ok());
+  TpuShim_Event x_ready{};
+  ASSERT_TRUE(ReadyEvent(x, &x_ready).ok());
+  TpuShim_Transfer_ToDevice_Args into_y{};
+  into_y.struct_size = sizeof into_y;
+  into_y.system = system_;
+  into_y.src = src.data();
+  into_y.dst = y;
+  into_y.size = src.size();
+  into_y.wait_for = &x_ready;
+  into_y.num_wait_for = 1;
+  into_y.semantics = TPUSHIM_HOST_BUFFER_IMMUTABLE_UNTIL_TRANSFER_COMPLETES;
+  ASSERT_TRUE(Take(api_->Transfer_ToDevice(&into_y)).ok());
+  TpuShim_Transfer_Chunk_Args chunk{};
+  ASSERT_TRUE(Chunk(src.data(), x, 0, src.size(), /*last=*/true, &chunk).ok());
+  EXPECT_TRUE(Await(chunk.event).ok());
+  EXPECT_TRUE(Await(x_ready).ok());
+  EXPECT_TRUE(Await(into_y.event).ok());
+  for (TpuShim_Event e : {x_ready, into_y.event, into_y.host_released,
+                          chunk.event, chunk.host_released}) {
     EXPECT_TRUE(DestroyEvent(e).ok());
   }
 }
