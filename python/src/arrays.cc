@@ -268,8 +268,9 @@ py::object CopyToDevice(tpushim::System& system, const PyDeviceArray& src,
   if (!src.buffer.valid()) return py::cast(std::move(dev));  // zero-size
   absl::StatusOr<tpushim::MemoryCopy> copy;
   {
-    GilRelease release;
+    // Copied with the GIL held: another thread's write() assigns it so.
     tpushim::Event wait_for[] = {src.ready};
+    GilRelease release;
     copy = system.CopyToMemory(src.buffer, memory, wait_for);
   }
   ThrowIfError(copy.status());
@@ -396,8 +397,9 @@ py::array DeviceGet(PyDeviceArray& dev, const py::object& out_arg) {
   if (dev.memory_kind == "device") {
     absl::StatusOr<tpushim::Event> done;
     {
-      GilRelease release;
+      // Copied with the GIL held: another thread's write() assigns it so.
       tpushim::Event wait_for[] = {dev.ready};
+      GilRelease release;
       done = system->TransferArrayFromDevice(dev.buffer.device_buffer(), data,
                                              wait_for);
     }
@@ -409,7 +411,9 @@ py::array DeviceGet(PyDeviceArray& dev, const py::object& out_arg) {
     DropReady(dev.holds);  // the read waited for dev.ready
     return out;
   }
-  ThrowIfError(*WaitInterruptibly(dev.ready, std::nullopt));
+  // A copy: the wait releases the GIL, and another thread may assign it.
+  const tpushim::Event ready = dev.ready;
+  ThrowIfError(*WaitInterruptibly(ready, std::nullopt));
   DropReady(dev.holds);
   std::memcpy(data, dev.buffer.data(), dev.nbytes);
   return out;
@@ -520,7 +524,10 @@ or device_get(it, out=) brings it back as a NumPy array.
           [](py::object self) {
             PyDeviceArray& d = self.cast<PyDeviceArray&>();
             d.Use("block_until_ready");
-            ThrowIfError(*WaitInterruptibly(d.ready, std::nullopt));
+            // A copy: the wait releases the GIL, and another thread may
+            // assign it.
+            const tpushim::Event ready = d.ready;
+            ThrowIfError(*WaitInterruptibly(ready, std::nullopt));
             DropReady(d.holds);
             return self;
           },
@@ -559,8 +566,10 @@ or device_get(it, out=) brings it back as a NumPy array.
             py::array array = Contiguous(src, "write");
             absl::StatusOr<tpushim::TransferEvents> events;
             {
-              GilRelease release;
+              // Copied with the GIL held: another thread's write()
+              // assigns it so.
               tpushim::Event wait_for[] = {d.ready};
+              GilRelease release;
               events = system->TransferToDeviceWithEvents(
                   array.data(), d.buffer.device_buffer(), offset,
                   static_cast<uint64_t>(array.nbytes()), wait_for);
@@ -589,8 +598,10 @@ or device_get(it, out=) brings it back as a NumPy array.
             py::array out = Destination(out_arg, "read");
             absl::StatusOr<tpushim::Event> done;
             {
-              GilRelease release;
+              // Copied with the GIL held: another thread's write()
+              // assigns it so.
               tpushim::Event wait_for[] = {d.ready};
+              GilRelease release;
               done = system->TransferFromDevice(
                   d.buffer.device_buffer(), offset, out.mutable_data(),
                   static_cast<uint64_t>(out.nbytes()), wait_for);
