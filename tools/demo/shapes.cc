@@ -150,9 +150,15 @@ absl::Status ShapedModel::MoveArrays(int device, const DeviceBuffer& one_hot,
 absl::Status ShapedModel::Step(int64_t k) {
   std::vector<DeviceBuffer> previous;
   previous.swap(step_);
+  // The previous step's buffers are gone before this step's are made, as
+  // a framework's allocator reuses a step's memory: the memory profile
+  // (and its peak) is then the same in every run, whatever the load.
+  std::vector<Event> freed;
   for (const DeviceBuffer& b : previous) {
-    TPUSHIM_RETURN_IF_ERROR(system_.Deallocate(b).status());
+    TPUSHIM_ASSIGN_OR_RETURN(Event e, system_.Deallocate(b));
+    freed.push_back(std::move(e));
   }
+  for (const Event& e : freed) TPUSHIM_RETURN_IF_ERROR(e.Await());
   Array activations = activations_;
   activations.label = absl::StrCat("activations/step_", k);
   for (int d = 0; d < system_.device_count(); ++d) {
