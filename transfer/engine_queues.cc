@@ -158,13 +158,13 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
     return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
   }
   // A layout whose device image is the dense array itself (no padding,
-  // one tile spanning the minor dimensions), inside the premapped region
-  // or registered memory: no relayout to do, so the device DMAs it in
-  // place. Pageable arrays keep the staged relayout path.
+  // one tile spanning the minor dimensions): no relayout to do, so the
+  // array's bytes are the image and move as a byte transfer, on the paths
+  // byte transfers take (in place from the premapped region or registered
+  // memory).
   if (peek != nullptr && host != nullptr &&
       peek->shape->plan.kernel() == RelayoutPlan::Kernel::kIdentity &&
-      peek->size == peek->shape->host_bytes &&
-      ClassifyHostRange(host, peek->size) != HostRange::kPageable) {
+      peek->size == peek->shape->host_bytes) {
     return NewHostOp(kind, buffer, 0, host, peek->size, semantics);
   }
   const uint64_t image_bytes = peek != nullptr ? peek->size : 0;
@@ -184,12 +184,20 @@ absl::StatusOr<std::shared_ptr<Op>> Engine::NewArrayOp(
   op->direction =
       to_device ? DmaDirection::kHostToDevice : DmaDirection::kDeviceToHost;
   op->device = a->device;
-  // Staged whatever the size: the copy through staging is the relayout.
-  // With the region off, the pinned path DMAs a heap image.
-  const bool staging_ready = region_ != nullptr && StagingReady();
-  op->path = staging_ready ? TransferPath::kStaged : TransferPath::kPinned;
-  op->pin_reason =
-      region_ == nullptr ? PinReason::kRegionOff : PinReason::kNotPremapped;
+  // Staged whatever the size: the copy through staging is the relayout,
+  // the one copy any path needs. With the region off the staging is the
+  // bounce pool's, as for byte transfers the device cannot take where they
+  // are. Only without staging (none premapped yet, or no bounce pool) does
+  // the pinned path DMA a heap image.
+  if (region_ != nullptr ? StagingReady() : bounce_ != nullptr) {
+    op->path = TransferPath::kStaged;
+    op->bounce = region_ == nullptr;
+    if (op->bounce) staged_bounce_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    op->path = TransferPath::kPinned;
+    op->pin_reason =
+        region_ == nullptr ? PinReason::kRegionOff : PinReason::kNotPremapped;
+  }
   op->relayout = &shape.plan;
   op->image_bytes = a->image_bytes;
   if (to_device) {
@@ -510,7 +518,11 @@ std::string Engine::PathReason(const Op& op) const {
                            : "the host buffer is in the premapped region";
     case TransferPath::kStaged:
       if (op.relayout != nullptr) {
-        return "an array transfer: the copy through staging lays it out";
+        return op.bounce ? "an array transfer: the copy through the engine's "
+                           "bounce pool (the premapped region is off) lays "
+                           "it out"
+                         : "an array transfer: the copy through staging lays "
+                           "it out";
       }
       if (op.misaligned) {
         return absl::StrCat("the host buffer is not ",

@@ -3,7 +3,7 @@
 // device memory adds XLA's HBM report, and array transfers lay the dense
 // host array out into the tiled image and back — bit-exact for every
 // element type, through staging (region on, any threshold) and through a
-// pinned heap image (region off), with several threads at once.
+// pinned heap image (no staging room), with several threads at once.
 
 #include <algorithm>
 #include <cstdint>
@@ -244,12 +244,19 @@ TEST_P(ShapedRoundTripTest, EveryTypeAndLayoutIsBitExact) {
     RoundTrip(rig->engine(), s, seed++);
   }
   const TransferEngine::Stats stats = rig->engine().GetStats();
-  const int path = GetParam().params.region_bytes == 0
-                       ? static_cast<int>(TransferPath::kPinned)
-                       : static_cast<int>(TransferPath::kStaged);
-  // The array transfers took the route said (the byte ones too, here).
-  EXPECT_GE(stats.host[0][path].transfers, RoundTripShapes().size());
-  EXPECT_GE(stats.host[1][path].transfers, RoundTripShapes().size());
+  const int staged = static_cast<int>(TransferPath::kStaged);
+  const int pinned = static_cast<int>(TransferPath::kPinned);
+  // The array transfers were staged (the byte ones here too, unless the
+  // threshold pinned them) ...
+  EXPECT_GE(stats.host[0][staged].transfers, RoundTripShapes().size());
+  EXPECT_GE(stats.host[1][staged].transfers, RoundTripShapes().size());
+  if (GetParam().params.region_bytes == 0) {
+    // ... through the bounce pool with the region off, arrays and bytes
+    // alike: nothing pinned.
+    EXPECT_EQ(stats.host[0][pinned].transfers, 0u);
+    EXPECT_EQ(stats.host[1][pinned].transfers, 0u);
+    EXPECT_GE(stats.staged_bounce, 4 * RoundTripShapes().size());
+  }
   EXPECT_EQ(rig->TearDownAndReport(), "");
 }
 
@@ -280,7 +287,7 @@ INSTANTIATE_TEST_SUITE_P(
         // A threshold far below the images: array transfers stage anyway.
         Route{"ThresholdBelowTheArrays",
               {.region_bytes = 8 << 20, .threshold = 4096}},
-        // Region off: a heap image on the pinned path.
+        // Region off: through the bounce pool, laid out chunk by chunk.
         Route{"RegionOff", {.region_bytes = 0}},
         // A device that moves whole 512-byte blocks (NVMe): buffers are
         // rounded up, the rest of the last block is zero.
