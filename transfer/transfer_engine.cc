@@ -200,6 +200,11 @@ void Engine::Shutdown() {
   // From here on the DMA threads alone run descriptors: the devices go
   // after this, and a waiter's poll must not reach them then.
   poll_gate_->Close();
+  // Whatever a device model still holds completes now, and nothing more
+  // is timed: a system being destroyed never sleeps out modelled time.
+  // First thing, before the workers are joined: a worker may be inside a
+  // started staged transfer, whose copier waits for its chunks' DMA.
+  for (Device* device : devices_) device->StopModelledDelays();
   // Fail the caller events not set (and the chunked transfers without
   // their last chunk): nothing set after this could reach the engine, and
   // the operations waiting for them are cancelled below.
@@ -234,9 +239,7 @@ void Engine::Shutdown() {
     if (q->worker.joinable()) q->worker.join();
   }
   // Let everything started finish (the devices complete or cancel every
-  // descriptor they accepted), without the time a device model still had
-  // for it.
-  for (Device* device : devices_) device->StopModelledDelays();
+  // descriptor they accepted), at the speed of the copies alone.
   {
     MutexLock lock(&idle_mu_);
     const int64_t warn_at = os_->MonotonicNanos() + 10'000'000'000;

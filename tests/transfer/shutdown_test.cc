@@ -1,8 +1,10 @@
 // Shutdown lets transfers that have started finish — staged uploads and
 // downloads, pinned pieces — so that a destroyed system never leaves a
 // destination partly written behind an event that says CANCELLED. Only
-// operations that have not started are cancelled.
+// operations that have not started are cancelled. And they finish at the
+// speed of the copies: no device model's link time is waited out.
 
+#include <chrono>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -103,6 +105,38 @@ TEST(ShutdownTest, StartedPinnedTransferFinishesWithEveryByte) {
   EXPECT_TRUE(down->Await().ok()) << down->Await();
   EXPECT_EQ(src, dst);
   EXPECT_EQ(rig->TearDownAndReport(), "");
+}
+
+TEST(ShutdownTest, ATransferStartedOnASlowModelledLinkFinishesAtOnce) {
+  // 0.001 Gbit/s: each 512 KiB staged chunk holds the modelled link for
+  // 4.2 s, 8 MiB for over a minute. Shutdown waits for none of it: the
+  // transfer finishes at the speed of the copies.
+  absl::StatusOr<std::unique_ptr<TransferRig>> made =
+      TransferRig::Create({.region_bytes = 64 * kMiB,
+                           .device_url = "sim://?hbm=64M&link_gbps=0.001"});
+  ASSERT_TRUE(made.ok()) << made.status();
+  TransferEngine& engine = (*made)->engine();
+  const uint64_t n = 8 * kMiB;
+  std::vector<char> src = Pattern(n, 4), dst(n, 0);
+  absl::StatusOr<DeviceBuffer> b = engine.Allocate(0, n);
+  ASSERT_TRUE(b.ok());
+  ASSERT_EQ(engine.PathFor(src.data(), n), TransferPath::kStaged);
+  absl::StatusOr<Event> up = engine.TransferToDevice(src.data(), *b, 0, n);
+  ASSERT_TRUE(up.ok());
+  // Started: its first chunks are in staging, on the modelled link.
+  while (engine.GetStats().staging_bytes_in_flight == 0) {
+    std::this_thread::yield();
+  }
+  const auto start = std::chrono::steady_clock::now();
+  engine.Shutdown();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+          .count();
+  EXPECT_TRUE(up->IsReady());
+  EXPECT_TRUE(up->Await().ok()) << up->Await();
+  EXPECT_EQ(engine.GetStats().host[0][1].bytes, n);
+  // Far below the model's minute, and the 4.2 s of one chunk.
+  EXPECT_LT(seconds, 2.0) << "shutdown waited out modelled link time";
 }
 
 }  // namespace
