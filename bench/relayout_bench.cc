@@ -29,6 +29,12 @@
 //   The ratio is the method's bandwidth in bytes of the host array (for
 //   bytes_*, of the image) over memcpy's, within each round.
 //
+//   BM_RegionOff            the region off: array transfers against byte
+//                           transfers of the same size, side by side
+//                           (4 KiB round trips, --run-ms each per round;
+//                           32 MiB up and down); goals: an array's round
+//                           trip <= 2x the bytes', 32 MiB >= 0.8x.
+//
 // Shapes: f32[N,N]{1,0:T(8,128)} (no padding) and f32[N,N+4]{1,0:T(8,128)}
 // (the minor dimension padded from N+4 to N+128), N = --n (default 4096).
 // Goals: >= 0.8 without padding, >= 0.5 with it.
@@ -257,6 +263,168 @@ void BM_Transfer(benchmark::State& state, const std::string& text) {
   }
 }
 
+// The region off (TPU_PREMAPPED_BUFFER_SIZE=0): array transfers against
+// byte transfers of the same size, side by side, R rounds rotated.
+//   round trips: synchronous host→device→host of 4 KiB: the bytes; an
+//     array whose device image is its bytes (f32[1024]); an array laid out
+//     with padding (f32[32,32], image 16 KiB). Median over the rounds of
+//     each round's p50 latency over --run-ms.
+//   32 MiB: an array laid out without padding (f32[8192,1024] tiled
+//     T(8,128)) up and down, against the byte transfer of its 32 MiB
+//     (pinned, above the bounce pool's 1 MiB): bandwidth ratio per round.
+double g_run_ms = 200;
+
+void BM_RegionOff(benchmark::State& state) {
+  OptionOverrides overrides;
+  overrides.premapped_buffer_size = 0;
+  overrides.device = "sim://?hbm=1G";
+  overrides.log_dir = "disabled";
+  absl::StatusOr<std::unique_ptr<System>> system = System::Create(overrides);
+  if (!system.ok()) Die(system.status(), "system");
+  System& sys = **system;
+  auto wait = [](absl::StatusOr<Event> e) {
+    if (!e.ok()) Die(e.status(), "submit");
+    absl::Status s = e->Await();
+    if (!s.ok()) Die(s, "transfer");
+  };
+  auto allocate = [&](const std::string& shape) {
+    absl::StatusOr<DeviceBuffer> b =
+        sys.AllocateDevice(0, DeviceBufferSpec{.shape = shape});
+    if (!b.ok()) Die(b.status(), "allocate");
+    return *b;
+  };
+  // Round trips of 4 KiB.
+  const DeviceBuffer bytes4k = [&] {
+    absl::StatusOr<DeviceBuffer> b = sys.AllocateDevice(0, 4096);
+    if (!b.ok()) Die(b.status(), "allocate");
+    return *b;
+  }();
+  const DeviceBuffer dense4k = allocate("f32[1024]");
+  const DeviceBuffer padded4k = allocate("f32[32,32]");
+  std::vector<char> src(4096, 1), dst(4096, 2);
+  struct Trip {
+    const char* name;
+    std::function<void()> run;
+    std::vector<double> p50;
+  };
+  std::vector<Trip> trips = {
+      {"bytes",
+       [&] {
+         wait(sys.TransferToDevice(src.data(), bytes4k, 0, 4096));
+         wait(sys.TransferFromDevice(bytes4k, 0, dst.data(), 4096));
+       },
+       {}},
+      {"array_dense",
+       [&] {
+         wait(sys.TransferArrayToDevice(src.data(), dense4k));
+         wait(sys.TransferArrayFromDevice(dense4k, dst.data()));
+       },
+       {}},
+      {"array_padded",
+       [&] {
+         wait(sys.TransferArrayToDevice(src.data(), padded4k));
+         wait(sys.TransferArrayFromDevice(padded4k, dst.data()));
+       },
+       {}},
+  };
+  // 32 MiB.
+  const std::string big_shape = "f32[8192,1024]{1,0:T(8,128)}";
+  const DeviceBuffer big = allocate(big_shape);
+  const uint64_t n = big.host_size();
+  std::vector<char> host(n, 3), host2(n, 4);
+  struct Method {
+    const char* name;
+    std::function<void()> run;
+    std::vector<double> rate;
+  };
+  std::vector<Method> methods = {
+      {"bytes_h2d",
+       [&] { wait(sys.TransferToDevice(host.data(), big, 0, n)); },
+       {}},
+      {"array_h2d",
+       [&] { wait(sys.TransferArrayToDevice(host.data(), big)); },
+       {}},
+      {"bytes_d2h",
+       [&] { wait(sys.TransferFromDevice(big, 0, host2.data(), n)); },
+       {}},
+      {"array_d2h",
+       [&] { wait(sys.TransferArrayFromDevice(big, host2.data())); },
+       {}},
+  };
+  for (auto _ : state) {
+    for (Trip& t : trips) t.run();
+    for (Method& m : methods) m.run();
+    for (int round = 0; round < g_rounds; ++round) {
+      for (size_t k = 0; k < trips.size(); ++k) {
+        Trip& t = trips[(k + size_t(round)) % trips.size()];
+        std::vector<double> lat;
+        const auto until = std::chrono::steady_clock::now() +
+                           std::chrono::duration<double, std::milli>(g_run_ms);
+        while (std::chrono::steady_clock::now() < until) {
+          const auto t0 = std::chrono::steady_clock::now();
+          t.run();
+          lat.push_back(std::chrono::duration<double, std::micro>(
+                            std::chrono::steady_clock::now() - t0)
+                            .count());
+        }
+        std::nth_element(lat.begin(), lat.begin() + lat.size() / 2, lat.end());
+        t.p50.push_back(lat[lat.size() / 2]);
+      }
+      for (size_t k = 0; k < methods.size(); ++k) {
+        Method& m = methods[(k + size_t(round)) % methods.size()];
+        const auto t0 = std::chrono::steady_clock::now();
+        m.run();
+        m.rate.push_back(
+            double(n) / 1e9 /
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+                .count());
+      }
+    }
+  }
+  printf("\nRegion off, %d rounds side by side (median [min, max]):\n",
+         g_rounds);
+  std::vector<double> p50_ratio[2];
+  for (int round = 0; round < g_rounds; ++round) {
+    p50_ratio[0].push_back(trips[1].p50[round] / trips[0].p50[round]);
+    p50_ratio[1].push_back(trips[2].p50[round] / trips[0].p50[round]);
+  }
+  for (size_t t = 0; t < trips.size(); ++t) {
+    const Ratio p = Summarize(trips[t].p50);
+    state.counters[absl::StrCat("rt4k_", trips[t].name, "_p50_us")] = p.median;
+    printf("  4 KiB round trip %-13s p50 %7.1f us [%.1f, %.1f]", trips[t].name,
+           p.median, p.min, p.max);
+    if (t > 0) {
+      const Ratio r = Summarize(p50_ratio[t - 1]);
+      state.counters[absl::StrCat("rt4k_", trips[t].name, "_over_bytes")] =
+          r.median;
+      printf("  %.2f [%.2f, %.2f] of the bytes' (goal <= 2)", r.median, r.min,
+             r.max);
+    }
+    printf("\n");
+  }
+  for (size_t m = 0; m < methods.size(); ++m) {
+    const Ratio r = Summarize(methods[m].rate);
+    state.counters[absl::StrCat("32m_", methods[m].name, "_GBps")] = r.median;
+    printf("  32 MiB %-10s %6.2f GB/s [%.2f, %.2f]", methods[m].name, r.median,
+           r.min, r.max);
+    if (m % 2 == 1) {
+      std::vector<double> ratio;
+      for (int round = 0; round < g_rounds; ++round) {
+        ratio.push_back(methods[m].rate[round] / methods[m - 1].rate[round]);
+      }
+      const Ratio q = Summarize(ratio);
+      state.counters[absl::StrCat("32m_", methods[m].name, "_over_bytes")] =
+          q.median;
+      printf("  %.2f [%.2f, %.2f] of the bytes' (goal >= 0.8)", q.median, q.min,
+             q.max);
+    }
+    printf("\n");
+  }
+  for (const DeviceBuffer& b : {bytes4k, dense4k, padded4k, big}) {
+    (void)sys.Deallocate(b);
+  }
+}
+
 void PrintSummary() {
   printf(
       "\nAgainst one-thread memcpy, %d rounds side by side (median [min, "
@@ -293,6 +461,8 @@ int main(int argc, char** argv) {
     absl::string_view arg(argv[i]);
     if (absl::ConsumePrefix(&arg, "--n=")) {
       tpushim::g_n = std::max(128, std::atoi(std::string(arg).c_str()));
+    } else if (absl::ConsumePrefix(&arg, "--run-ms=")) {
+      tpushim::g_run_ms = std::max(1, std::atoi(std::string(arg).c_str()));
     } else if (absl::ConsumePrefix(&arg, "--rounds=")) {
       tpushim::g_rounds = std::max(1, std::atoi(std::string(arg).c_str()));
     } else {
@@ -321,6 +491,10 @@ int main(int argc, char** argv) {
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
+  benchmark::RegisterBenchmark("BM_RegionOff", tpushim::BM_RegionOff)
+      ->Iterations(1)
+      ->UseRealTime()
+      ->Unit(benchmark::kMillisecond);
   benchmark::RunSpecifiedBenchmarks();
   tpushim::PrintSummary();
   benchmark::Shutdown();

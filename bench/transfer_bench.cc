@@ -27,6 +27,8 @@
 //                                off through the bounce pool, region off
 //                                pinned (no pool), alternated in rounds
 //
+//   BM_Depth64/<dir>/<bytes>     64 staged transfers in flight, each into
+//                                its own range: transfers/s
 //   BM_HostReleased              a staged host→device transfer of the
 //                                largest size (threshold raised so it
 //                                stages): time to host_released (the
@@ -513,6 +515,56 @@ void BM_RoundTrip(benchmark::State& state, uint64_t n) {
   state.counters["pinned_p99_ratio"] = Percentile(ratio[1], 0.5);
 }
 
+// 64 transfers in flight, as a framework's input pipeline keeps them: each
+// round submits 64 staged transfers of `bytes` from pageable memory, each
+// into its own range of the device buffer, then awaits them all. Counters:
+// transfers per second over the rounds of --run-seconds, the median of
+// the rounds' rates and their range.
+void BM_Depth64(benchmark::State& state, bool h2d, uint64_t bytes) {
+  constexpr int kDepth = 64;
+  Rig& rig = MainRig();
+  TransferEngine& engine = *rig.engine;
+  std::vector<HostBytes> host;
+  for (int i = 0; i < kDepth; ++i) host.push_back(Warm(bytes, char(i)));
+  std::vector<double> rates;
+  uint64_t total = 0;
+  double elapsed = 0;
+  for (auto _ : state) {
+    const auto start = std::chrono::steady_clock::now();
+    const auto until = start + std::chrono::duration<double>(g_run_seconds);
+    while (std::chrono::steady_clock::now() < until) {
+      const auto t0 = std::chrono::steady_clock::now();
+      std::vector<Event> events;
+      events.reserve(kDepth);
+      for (int i = 0; i < kDepth; ++i) {
+        const uint64_t offset =
+            (uint64_t(i) * bytes) % (g_max_size - bytes + 1);
+        auto ev = h2d ? engine.TransferToDevice(host[i].data(), rig.buffer,
+                                                offset, bytes)
+                      : engine.TransferFromDevice(rig.buffer, offset,
+                                                  host[i].data(), bytes);
+        if (!ev.ok()) Die(ev.status(), "depth-64 transfer");
+        events.push_back(*std::move(ev));
+      }
+      for (const Event& e : events) {
+        if (!e.Await().ok()) Die(e.Await(), "depth-64 transfer");
+      }
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0)
+              .count();
+      rates.push_back(kDepth / s);
+      total += kDepth;
+    }
+    elapsed +=
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start)
+            .count();
+  }
+  state.counters["transfers_per_s"] = double(total) / elapsed;
+  state.counters["round_median_per_s"] = Percentile(rates, 0.5);
+  state.counters["round_min_per_s"] = Percentile(rates, 0.0);
+  state.counters["round_max_per_s"] = Percentile(rates, 1.0);
+}
+
 // The largest size, side by side: each round times a memcpy and one
 // transfer of every direction and path once, in a rotated order, and the
 // figure per path is the median over rounds of memcpy time / transfer
@@ -642,6 +694,15 @@ void Register() {
   benchmark::RegisterBenchmark("BM_SideBySide", BM_SideBySide)
       ->Iterations(1)
       ->UseRealTime();
+  for (const uint64_t bytes : {uint64_t{4096}, uint64_t{64} << 10}) {
+    for (const bool h2d : {true, false}) {
+      benchmark::RegisterBenchmark(
+          absl::StrCat("BM_Depth64/", h2d ? "h2d" : "d2h", "/", bytes).c_str(),
+          [h2d, bytes](benchmark::State& st) { BM_Depth64(st, h2d, bytes); })
+          ->Iterations(1)
+          ->UseRealTime();
+    }
+  }
   benchmark::RegisterBenchmark("BM_HostReleased", BM_HostReleased)
       ->Iterations(1)
       ->UseRealTime();
